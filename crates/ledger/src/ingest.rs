@@ -1,0 +1,575 @@
+//! Decoding and validating push API v1 bodies (BRIEF section 3).
+//!
+//! A body that cannot be read at all (not JSON, not an object, too large, bad gzip) is refused
+//! whole with a [`DecodeError`]. Otherwise every record is checked on its own: valid records are
+//! kept and each rejected one is named by its JSON path with a reason a person can act on.
+
+use std::io::Read;
+
+use chrono::{DateTime, Utc};
+use flate2::read::GzDecoder;
+use gpuledger_model::{PushAllocation, PushGpu, PushSample};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Limits on one request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Bytes on the wire (after any gzip).
+    pub max_body_bytes: usize,
+    /// Bytes after gunzip.
+    pub max_decompressed_bytes: usize,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits {
+            max_body_bytes: 8 * 1024 * 1024,
+            max_decompressed_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a whole body was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("body is {got} bytes, over the limit of {limit} bytes; split it into smaller pushes")]
+    TooLarge { got: usize, limit: usize },
+    #[error("body decompresses to more than {limit} bytes; split it into smaller pushes")]
+    DecompressedTooLarge { limit: usize },
+    #[error("unsupported Content-Encoding `{0}`; send plain JSON or gzip")]
+    UnsupportedEncoding(String),
+    #[error("body is not valid gzip: {0}")]
+    BadGzip(String),
+    #[error("body is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("body must be a JSON object with any of `gpus`, `samples`, `allocations`")]
+    NotObject,
+}
+
+impl DecodeError {
+    /// True for the errors answered with 413.
+    pub fn is_too_large(&self) -> bool {
+        matches!(
+            self,
+            DecodeError::TooLarge { .. } | DecodeError::DecompressedTooLarge { .. }
+        )
+    }
+}
+
+/// Turn raw request bytes into a JSON object, enforcing both size limits.
+pub fn decode_body(
+    bytes: &[u8],
+    content_encoding: Option<&str>,
+    limits: BodyLimits,
+) -> Result<serde_json::Map<String, Value>, DecodeError> {
+    if bytes.len() > limits.max_body_bytes {
+        return Err(DecodeError::TooLarge {
+            got: bytes.len(),
+            limit: limits.max_body_bytes,
+        });
+    }
+    let encoding = content_encoding
+        .map(|e| e.trim().to_ascii_lowercase())
+        .filter(|e| !e.is_empty() && e != "identity");
+    let owned;
+    let json_bytes: &[u8] = match encoding.as_deref() {
+        None => bytes,
+        Some("gzip") | Some("x-gzip") => {
+            let mut out = Vec::new();
+            let cap = limits.max_decompressed_bytes as u64 + 1;
+            GzDecoder::new(bytes)
+                .take(cap)
+                .read_to_end(&mut out)
+                .map_err(|e| DecodeError::BadGzip(e.to_string()))?;
+            if out.len() > limits.max_decompressed_bytes {
+                return Err(DecodeError::DecompressedTooLarge {
+                    limit: limits.max_decompressed_bytes,
+                });
+            }
+            owned = out;
+            &owned
+        }
+        Some(other) => return Err(DecodeError::UnsupportedEncoding(other.to_string())),
+    };
+    match serde_json::from_slice::<Value>(json_bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(DecodeError::NotObject),
+        Err(e) => Err(DecodeError::NotJson(e.to_string())),
+    }
+}
+
+/// One rejected record: its JSON path and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    pub path: String,
+    pub reason: String,
+    /// True when the record was valid but the token may not write it.
+    #[serde(skip)]
+    pub forbidden: bool,
+}
+
+impl Rejection {
+    pub fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Rejection {
+            path: path.into(),
+            reason: reason.into(),
+            forbidden: false,
+        }
+    }
+
+    pub fn forbidden(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Rejection {
+            forbidden: true,
+            ..Rejection::new(path, reason)
+        }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// The valid records of a body, each with its index in its list, and the rejected ones.
+#[derive(Debug, Default)]
+pub struct Validated {
+    pub gpus: Vec<(usize, PushGpu)>,
+    pub samples: Vec<(usize, PushSample)>,
+    pub allocations: Vec<(usize, PushAllocation)>,
+    pub rejections: Vec<Rejection>,
+}
+
+const MAX_TEXT: usize = 256;
+const MAX_LABELS: usize = 64;
+
+/// Check every record of a decoded body against the contract. `now` bounds future timestamps.
+pub fn validate_body(
+    body: serde_json::Map<String, Value>,
+    now: DateTime<Utc>,
+    max_future_skew_secs: i64,
+) -> Validated {
+    let mut out = Validated::default();
+    let latest = now + chrono::Duration::seconds(max_future_skew_secs);
+    for (key, value) in body {
+        match key.as_str() {
+            "gpus" => each(&key, value, &mut out.rejections, |path, gpu: PushGpu| {
+                check_gpu(path, &gpu, latest).map(|()| gpu)
+            })
+            .into_iter()
+            .for_each(|r| out.gpus.push(r)),
+            "samples" => each(&key, value, &mut out.rejections, |path, s: PushSample| {
+                check_sample(path, &s, latest).map(|()| s)
+            })
+            .into_iter()
+            .for_each(|r| out.samples.push(r)),
+            "allocations" => each(
+                &key,
+                value,
+                &mut out.rejections,
+                |path, a: PushAllocation| check_allocation(path, &a, latest).map(|()| a),
+            )
+            .into_iter()
+            .for_each(|r| out.allocations.push(r)),
+            other => out.rejections.push(Rejection::new(
+                other,
+                "unknown field; a body may carry only `gpus`, `samples` and `allocations`",
+            )),
+        }
+    }
+    out
+}
+
+fn each<T: DeserializeOwned>(
+    list: &str,
+    value: Value,
+    rejections: &mut Vec<Rejection>,
+    check: impl Fn(&str, T) -> Result<T, Rejection>,
+) -> Vec<(usize, T)> {
+    let items = match value {
+        Value::Array(items) => items,
+        Value::Null => return Vec::new(),
+        other => {
+            rejections.push(Rejection::new(
+                list,
+                format!("must be an array of records, got {}", kind_of(&other)),
+            ));
+            return Vec::new();
+        }
+    };
+    let mut kept = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let path = format!("{list}[{i}]");
+        let parsed: Result<T, _> = serde_path_to_error::deserialize(item);
+        match parsed {
+            Ok(record) => match check(&path, record) {
+                Ok(record) => kept.push((i, record)),
+                Err(rejection) => rejections.push(rejection),
+            },
+            Err(err) => {
+                let inner = err.path().to_string();
+                let full = if inner.is_empty() || inner == "." {
+                    path
+                } else {
+                    format!("{path}.{inner}")
+                };
+                rejections.push(Rejection::new(full, clean_serde_message(err.inner())));
+            }
+        }
+    }
+    kept
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// serde_json appends "at line 1 column 2" positions that mean nothing for a value already
+/// parsed; drop them so the reason reads cleanly.
+fn clean_serde_message(err: &serde_json::Error) -> String {
+    let msg = err.to_string();
+    match msg.find(" at line ") {
+        Some(pos) => msg[..pos].to_string(),
+        None => msg,
+    }
+}
+
+/// Why a GPU UUID is not acceptable, if it is not. Accepts NVIDIA's `GPU-…` and `MIG-…` forms
+/// (including the older `MIG-GPU-…/gi/ci` form).
+pub fn uuid_problem(uuid: &str) -> Option<String> {
+    if uuid.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if uuid.len() > 128 {
+        return Some(format!(
+            "must be at most 128 characters, got {}",
+            uuid.len()
+        ));
+    }
+    if !(uuid.starts_with("GPU-") || uuid.starts_with("MIG-")) {
+        return Some(format!(
+            "must be an NVIDIA UUID starting with `GPU-` or `MIG-` (as nvidia-smi -L prints), got `{uuid}`"
+        ));
+    }
+    if let Some(bad) = uuid
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '/'))
+    {
+        return Some(format!(
+            "contains `{bad}`; only letters, digits, `-` and `/` are allowed"
+        ));
+    }
+    None
+}
+
+fn text(path: &str, field: &str, value: Option<&str>) -> Result<(), Rejection> {
+    if let Some(v) = value {
+        if v.trim().is_empty() {
+            return Err(Rejection::new(
+                format!("{path}.{field}"),
+                "must not be blank; leave it out when unknown",
+            ));
+        }
+        if v.len() > MAX_TEXT {
+            return Err(Rejection::new(
+                format!("{path}.{field}"),
+                format!("must be at most {MAX_TEXT} bytes, got {}", v.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn not_future(
+    path: &str,
+    field: &str,
+    ts: DateTime<Utc>,
+    latest: DateTime<Utc>,
+) -> Result<(), Rejection> {
+    if ts > latest {
+        return Err(Rejection::new(
+            format!("{path}.{field}"),
+            format!(
+                "is in the future ({}); check the sender's clock",
+                ts.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn range(
+    path: &str,
+    field: &str,
+    value: Option<f64>,
+    lo: f64,
+    hi: f64,
+    hint: &str,
+) -> Result<(), Rejection> {
+    if let Some(v) = value {
+        if !v.is_finite() || v < lo || v > hi {
+            return Err(Rejection::new(
+                format!("{path}.{field}"),
+                format!("must be within {hint}, got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_gpu(path: &str, g: &PushGpu, latest: DateTime<Utc>) -> Result<(), Rejection> {
+    if let Some(p) = uuid_problem(&g.uuid) {
+        return Err(Rejection::new(format!("{path}.uuid"), p));
+    }
+    text(path, "model", Some(&g.model))?;
+    for (field, v) in [
+        ("host", &g.host),
+        ("cluster", &g.cluster),
+        ("region", &g.region),
+        ("instance_type", &g.instance_type),
+        ("serial", &g.serial),
+        ("pci_bus_id", &g.pci_bus_id),
+        ("mig_profile", &g.mig_profile),
+    ] {
+        text(path, field, v.as_deref())?;
+    }
+    if let Some(mib) = g.memory_mib {
+        if mib == 0 || mib > 16 * 1024 * 1024 {
+            return Err(Rejection::new(
+                format!("{path}.memory_mib"),
+                format!("must be within 1..=16777216 MiB, got {mib}; leave it out when unknown"),
+            ));
+        }
+    }
+    match &g.mig_parent_uuid {
+        Some(parent) => {
+            if let Some(p) = uuid_problem(parent) {
+                return Err(Rejection::new(format!("{path}.mig_parent_uuid"), p));
+            }
+            if !parent.starts_with("GPU-") {
+                return Err(Rejection::new(
+                    format!("{path}.mig_parent_uuid"),
+                    "must be the physical GPU's `GPU-…` UUID",
+                ));
+            }
+            if parent == &g.uuid {
+                return Err(Rejection::new(
+                    format!("{path}.mig_parent_uuid"),
+                    "must differ from `uuid`: a GPU is not its own MIG parent",
+                ));
+            }
+        }
+        None => {
+            if g.uuid.starts_with("MIG-") {
+                return Err(Rejection::new(
+                    format!("{path}.mig_parent_uuid"),
+                    "is required for a MIG instance (`MIG-…` UUID): give the physical GPU's UUID",
+                ));
+            }
+            if g.mig_profile.is_some() {
+                return Err(Rejection::new(
+                    format!("{path}.mig_profile"),
+                    "is set only on MIG instances; give `mig_parent_uuid` as well",
+                ));
+            }
+        }
+    }
+    if g.labels.len() > MAX_LABELS {
+        return Err(Rejection::new(
+            format!("{path}.labels"),
+            format!(
+                "must have at most {MAX_LABELS} entries, got {}",
+                g.labels.len()
+            ),
+        ));
+    }
+    for (k, v) in &g.labels {
+        if k.is_empty() || k.len() > MAX_TEXT || v.len() > MAX_TEXT {
+            return Err(Rejection::new(
+                format!("{path}.labels.{k}"),
+                format!("keys must be 1..={MAX_TEXT} bytes and values at most {MAX_TEXT} bytes"),
+            ));
+        }
+    }
+    not_future(path, "observed_at", g.observed_at, latest)
+}
+
+fn check_sample(path: &str, s: &PushSample, latest: DateTime<Utc>) -> Result<(), Rejection> {
+    if let Some(p) = uuid_problem(&s.gpu_uuid) {
+        return Err(Rejection::new(format!("{path}.gpu_uuid"), p));
+    }
+    not_future(path, "ts", s.ts, latest)?;
+    range(path, "util_pct", s.util_pct, 0.0, 100.0, "0..=100")?;
+    range(
+        path,
+        "sm_active",
+        s.sm_active,
+        0.0,
+        1.0,
+        "0..=1 (a fraction, like DCGM_FI_PROF_SM_ACTIVE)",
+    )?;
+    range(
+        path,
+        "mem_used_mib",
+        s.mem_used_mib,
+        0.0,
+        16.0 * 1024.0 * 1024.0,
+        "0..=16777216",
+    )?;
+    range(path, "power_w", s.power_w, 0.0, 10_000.0, "0..=10000")?;
+    Ok(())
+}
+
+fn check_allocation(
+    path: &str,
+    a: &PushAllocation,
+    latest: DateTime<Utc>,
+) -> Result<(), Rejection> {
+    if let Some(p) = uuid_problem(&a.gpu_uuid) {
+        return Err(Rejection::new(format!("{path}.gpu_uuid"), p));
+    }
+    text(path, "workload", Some(&a.workload))?;
+    text(path, "user", a.user.as_deref())?;
+    text(path, "team", a.team.as_deref())?;
+    not_future(path, "start", a.start, latest)?;
+    if let Some(end) = a.end {
+        if end < a.start {
+            return Err(Rejection::new(
+                format!("{path}.end"),
+                "must not be before `start`; use null while the allocation runs",
+            ));
+        }
+        not_future(path, "end", end, latest)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn now() -> DateTime<Utc> {
+        "2026-12-02T12:00:00Z".parse().unwrap()
+    }
+
+    fn validate(json: &str) -> Validated {
+        let map = decode_body(json.as_bytes(), None, BodyLimits::default()).unwrap();
+        validate_body(map, now(), 300)
+    }
+
+    #[test]
+    fn one_bad_sample_among_good_ones_is_named_and_the_rest_kept() {
+        let v = validate(
+            r#"{"samples":[
+              {"gpu_uuid":"GPU-a","ts":"2026-12-02T10:00:00Z","util_pct":50},
+              {"gpu_uuid":"GPU-a","ts":"2026-12-02T10:01:00Z","util_pct":250},
+              {"gpu_uuid":"GPU-a","ts":"2026-12-02T10:02:00Z","util_pct":5}]}"#,
+        );
+        assert_eq!(v.samples.len(), 2);
+        assert_eq!(
+            v.rejections[0].to_string(),
+            "samples[1].util_pct: must be within 0..=100, got 250"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_types_name_the_field() {
+        let v = validate(
+            r#"{"samples":[{"gpu_uuid":"GPU-a","ts":"2026-12-02T10:00:00Z","utl_pct":5},
+                           {"gpu_uuid":"GPU-a","ts":"2026-12-02T10:00:00Z","util_pct":"high"}],
+                "sample":[]}"#,
+        );
+        assert!(v.samples.is_empty());
+        let text: Vec<String> = v.rejections.iter().map(|r| r.to_string()).collect();
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("samples[0].utl_pct: unknown field `utl_pct`")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("samples[1].util_pct: invalid type")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter().any(|t| t.starts_with("sample: unknown field")),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn gpu_checks_cover_uuid_mig_and_clock() {
+        let v = validate(
+            r#"{"gpus":[
+              {"uuid":"abc","model":"T4","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"MIG-1","model":"A100","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"GPU-1","model":"A100","observed_at":"2026-12-03T10:00:00Z"},
+              {"uuid":"GPU-2","model":"A100","cloud":"moon","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"GPU-3","model":"A100","memory_mib":40960,"observed_at":"2026-12-02T10:00:00Z"}]}"#,
+        );
+        assert_eq!(v.gpus.len(), 1);
+        let paths: Vec<&str> = v.rejections.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "gpus[0].uuid",
+                "gpus[1].mig_parent_uuid",
+                "gpus[2].observed_at",
+                "gpus[3].cloud"
+            ]
+        );
+    }
+
+    #[test]
+    fn allocation_end_before_start_is_rejected() {
+        let v = validate(
+            r#"{"allocations":[{"gpu_uuid":"GPU-a","start":"2026-12-02T10:00:00Z",
+               "end":"2026-12-02T09:00:00Z","workload":"w","kind":"pod"}]}"#,
+        );
+        assert_eq!(v.rejections[0].path, "allocations[0].end");
+    }
+
+    #[test]
+    fn gzip_bodies_and_both_limits() {
+        let json = br#"{"samples":[]}"#;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(json).unwrap();
+        let gz = enc.finish().unwrap();
+        assert!(decode_body(&gz, Some("gzip"), BodyLimits::default()).is_ok());
+        let small = BodyLimits {
+            max_body_bytes: 5,
+            max_decompressed_bytes: 100,
+        };
+        assert!(decode_body(json, None, small).unwrap_err().is_too_large());
+        let tight = BodyLimits {
+            max_body_bytes: 1000,
+            max_decompressed_bytes: 5,
+        };
+        assert_eq!(
+            decode_body(&gz, Some("gzip"), tight).unwrap_err(),
+            DecodeError::DecompressedTooLarge { limit: 5 }
+        );
+        assert!(matches!(
+            decode_body(b"not gzip", Some("gzip"), BodyLimits::default()),
+            Err(DecodeError::BadGzip(_))
+        ));
+        assert_eq!(
+            decode_body(b"[1]", None, BodyLimits::default()).unwrap_err(),
+            DecodeError::NotObject
+        );
+        assert!(matches!(
+            decode_body(b"{", None, BodyLimits::default()),
+            Err(DecodeError::NotJson(_))
+        ));
+    }
+}

@@ -1,0 +1,17 @@
+//! gpuledger's pure logic: decoding and validating pushes, merging a GPU's attributes from its
+//! sources, ownership with its reason, hourly rates with their origin, and the summary
+//! arithmetic of BRIEF section 4. No IO: everything here is tested with plain values.
+
+pub mod ingest;
+pub mod merge;
+pub mod ownership;
+pub mod rates;
+pub mod settings;
+pub mod summary;
+
+pub use ingest::{decode_body, validate_body, BodyLimits, DecodeError, Rejection, Validated};
+pub use merge::{merge_gpu, GpuRecord};
+pub use ownership::{derive_ownership, Ownership};
+pub use rates::{RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF};
+pub use settings::Settings;
+pub use summary::{summarize, GpuWindow, GroupBy};

@@ -1,0 +1,35 @@
+//! The tunables that the definitions of BRIEF section 4 depend on.
+
+use crate::rates::RateTable;
+
+/// Thresholds, windows and retention shared by ingest, rollups and queries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// An hour whose activity is below this is idle (BRIEF section 4, default 5 %).
+    pub idle_threshold_pct: f64,
+    /// A GPU not observed for this long is missing (default 2 h).
+    pub stale_window_secs: i64,
+    /// A source whose last success is older than this is stale (default 1 h).
+    pub freshness_objective_secs: i64,
+    /// Raw samples are kept this long (default 14 days).
+    pub raw_retention_days: i64,
+    /// Hourly and daily rollups are kept this long (default 2 years).
+    pub rollup_retention_days: i64,
+    /// Timestamps further than this in the future are refused (clock skew guard).
+    pub max_future_skew_secs: i64,
+    pub rates: RateTable,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            idle_threshold_pct: 5.0,
+            stale_window_secs: 2 * 3600,
+            freshness_objective_secs: 3600,
+            raw_retention_days: 14,
+            rollup_retention_days: 730,
+            max_future_skew_secs: 300,
+            rates: RateTable::default(),
+        }
+    }
+}

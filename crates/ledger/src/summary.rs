@@ -1,0 +1,189 @@
+//! The summary arithmetic of BRIEF section 4, from per-GPU window aggregates to groups.
+//!
+//! The store counts, per physical GPU, its present, busy, idle, unknown, allocated and
+//! allocated-idle hours in the window and the sum of its known hourly activities; this module
+//! groups those counts and prices them. Keeping it pure means the definitions are tested once.
+
+use std::collections::BTreeMap;
+
+use gpuledger_model::{SummaryGroup, UNKNOWN};
+
+/// What a summary groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    Team,
+    Env,
+    Cloud,
+    Cluster,
+    Model,
+}
+
+impl GroupBy {
+    pub const NAMES: [&'static str; 5] = ["team", "env", "cloud", "cluster", "model"];
+
+    pub fn parse(s: &str) -> Option<GroupBy> {
+        Some(match s {
+            "team" => GroupBy::Team,
+            "env" => GroupBy::Env,
+            "cloud" => GroupBy::Cloud,
+            "cluster" => GroupBy::Cluster,
+            "model" => GroupBy::Model,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Team => "team",
+            GroupBy::Env => "env",
+            GroupBy::Cloud => "cloud",
+            GroupBy::Cluster => "cluster",
+            GroupBy::Model => "model",
+        }
+    }
+}
+
+/// One physical GPU's counts over a window, as the store computes them from rollups.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuWindow {
+    pub team: String,
+    pub env: String,
+    pub cloud: Option<String>,
+    pub cluster: Option<String>,
+    pub model: String,
+    pub usd_per_hour: Option<f64>,
+    pub present_hours: i64,
+    pub busy_hours: i64,
+    pub idle_hours: i64,
+    pub allocated_hours: i64,
+    pub allocated_idle_hours: i64,
+    /// Hours with known activity (busy + idle).
+    pub known_hours: i64,
+    /// Σ hourly activity over the known hours.
+    pub activity_sum: f64,
+}
+
+impl GpuWindow {
+    fn key(&self, by: GroupBy) -> String {
+        let v = match by {
+            GroupBy::Team => Some(self.team.as_str()),
+            GroupBy::Env => Some(self.env.as_str()),
+            GroupBy::Cloud => self.cloud.as_deref(),
+            GroupBy::Cluster => self.cluster.as_deref(),
+            GroupBy::Model => Some(self.model.as_str()),
+        };
+        v.unwrap_or(UNKNOWN).to_string()
+    }
+}
+
+#[derive(Default)]
+struct Acc {
+    g: SummaryGroup,
+    activity_sum: f64,
+    known_hours: i64,
+}
+
+impl Acc {
+    fn add(&mut self, w: &GpuWindow) {
+        if w.present_hours == 0 {
+            return;
+        }
+        let g = &mut self.g;
+        g.gpus += 1;
+        g.gpu_hours += w.present_hours;
+        g.busy_hours += w.busy_hours;
+        g.idle_hours += w.idle_hours;
+        g.unknown_hours += w.present_hours - w.known_hours;
+        g.allocated_hours += w.allocated_hours;
+        g.allocated_idle_hours += w.allocated_idle_hours;
+        match w.usd_per_hour {
+            Some(rate) => {
+                g.cost_usd += w.present_hours as f64 * rate;
+                g.idle_cost_usd += w.idle_hours as f64 * rate;
+                g.allocated_idle_cost_usd += w.allocated_idle_hours as f64 * rate;
+            }
+            None => g.unpriced_gpu_hours += w.present_hours,
+        }
+        self.activity_sum += w.activity_sum;
+        self.known_hours += w.known_hours;
+    }
+
+    fn finish(mut self, key: String) -> SummaryGroup {
+        self.g.key = key;
+        self.g.avg_activity_pct =
+            (self.known_hours > 0).then(|| round(self.activity_sum / self.known_hours as f64, 2));
+        self.g.cost_usd = round(self.g.cost_usd, 2);
+        self.g.idle_cost_usd = round(self.g.idle_cost_usd, 2);
+        self.g.allocated_idle_cost_usd = round(self.g.allocated_idle_cost_usd, 2);
+        self.g
+    }
+}
+
+fn round(v: f64, places: i32) -> f64 {
+    let f = 10f64.powi(places);
+    (v * f).round() / f
+}
+
+/// Group per-GPU windows; groups are sorted by cost (then GPU-hours) descending, then key.
+/// GPUs not present in the window are left out.
+pub fn summarize(windows: &[GpuWindow], by: GroupBy) -> (Vec<SummaryGroup>, SummaryGroup) {
+    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    let mut total = Acc::default();
+    for w in windows {
+        groups.entry(w.key(by)).or_default().add(w);
+        total.add(w);
+    }
+    let mut out: Vec<SummaryGroup> = groups
+        .into_iter()
+        .filter(|(_, a)| a.g.gpus > 0)
+        .map(|(k, a)| a.finish(k))
+        .collect();
+    out.sort_by(|a, b| {
+        b.cost_usd
+            .total_cmp(&a.cost_usd)
+            .then(b.gpu_hours.cmp(&a.gpu_hours))
+            .then(a.key.cmp(&b.key))
+    });
+    (out, total.finish("total".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(team: &str, rate: Option<f64>, present: i64, busy: i64, idle: i64, act: f64) -> GpuWindow {
+        GpuWindow {
+            team: team.into(),
+            env: "prod".into(),
+            model: "m".into(),
+            usd_per_hour: rate,
+            present_hours: present,
+            busy_hours: busy,
+            idle_hours: idle,
+            known_hours: busy + idle,
+            activity_sum: act,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn unknown_hours_are_left_out_of_average_and_unpriced_hours_of_cost() {
+        let ws = [
+            w("a", Some(2.0), 10, 4, 2, 4.0 * 50.0 + 2.0 * 1.0),
+            w("a", None, 5, 0, 0, 0.0),
+            w("b", Some(1.0), 0, 0, 0, 0.0),
+        ];
+        let (groups, total) = summarize(&ws, GroupBy::Team);
+        assert_eq!(groups.len(), 1);
+        let a = &groups[0];
+        assert_eq!((a.gpus, a.gpu_hours, a.unknown_hours), (2, 15, 9));
+        assert_eq!(a.avg_activity_pct, Some(33.67));
+        assert_eq!(
+            (a.cost_usd, a.idle_cost_usd, a.unpriced_gpu_hours),
+            (20.0, 4.0, 5)
+        );
+        assert_eq!(total.gpus, 2);
+        let (_, none) = summarize(&[w("x", None, 3, 0, 0, 0.0)], GroupBy::Team);
+        assert_eq!(none.avg_activity_pct, None);
+    }
+}

@@ -1,0 +1,64 @@
+//! gpuledger's data model: the types every other crate speaks, with no IO.
+//!
+//! Units live in names (`_mib`, `_pct`, `_usd_per_hour`, `_secs`). Times are UTC. Values that a
+//! source did not give are `None` ("unknown"), never 0.
+
+pub mod observation;
+pub mod push;
+pub mod view;
+
+pub use observation::{Observation, Provenance};
+pub use push::{AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample};
+pub use view::{
+    Allocation, AttributeProvenance, GpuDetail, GpuState, GpuView, HourPoint, Rate, RateOrigin,
+    SourceStatus, SourceView, Summary, SummaryGroup, UNKNOWN, UNOWNED,
+};
+
+/// Seconds in an hour: rollups are per clock hour (UTC).
+pub const HOUR_SECS: i64 = 3600;
+/// Seconds in a day: day rollups are per UTC day.
+pub const DAY_SECS: i64 = 86_400;
+
+/// Start of the clock hour holding `ts` (unix seconds).
+pub fn hour_floor(ts: i64) -> i64 {
+    ts.div_euclid(HOUR_SECS) * HOUR_SECS
+}
+
+/// Start of the UTC day holding `ts` (unix seconds).
+pub fn day_floor(ts: i64) -> i64 {
+    ts.div_euclid(DAY_SECS) * DAY_SECS
+}
+
+/// The UUID given to a placeholder GPU: a source that knows only that `host` has `count` GPUs
+/// creates `placeholder:<host>:<index>` for each; a UUID-aware source reporting the same host
+/// replaces them (BRIEF section 4).
+pub fn placeholder_uuid(host: &str, index: u32) -> String {
+    format!("placeholder:{host}:{index}")
+}
+
+/// True for UUIDs made by [`placeholder_uuid`].
+pub fn is_placeholder(uuid: &str) -> bool {
+    uuid.starts_with("placeholder:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floors_handle_negative_and_exact_boundaries() {
+        assert_eq!(hour_floor(3600), 3600);
+        assert_eq!(hour_floor(7199), 3600);
+        assert_eq!(hour_floor(-1), -3600);
+        assert_eq!(day_floor(86_399), 0);
+        assert_eq!(day_floor(86_400), 86_400);
+    }
+
+    #[test]
+    fn placeholder_uuids_are_recognised() {
+        let u = placeholder_uuid("node-1", 3);
+        assert_eq!(u, "placeholder:node-1:3");
+        assert!(is_placeholder(&u));
+        assert!(!is_placeholder("GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e"));
+    }
+}

@@ -1,0 +1,197 @@
+//! What the query API, CSV and pages show: merged GPUs, rollups, allocations, sources, summaries.
+//!
+//! Named buckets: a GPU no rule places is owned by [`UNOWNED`]; an unknown environment is
+//! [`UNKNOWN`]. Optional numbers are unknown, never zero.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The owner bucket for GPUs no rule can place.
+pub const UNOWNED: &str = "unowned";
+/// The bucket for an environment (or other attribute) no source gives.
+pub const UNKNOWN: &str = "unknown";
+
+/// Where a GPU's hourly rate came from (BRIEF section 4, first match wins).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RateOrigin {
+    /// `[rates]` in the config, keyed by model family or exact model name.
+    ConfigOverride { key: String },
+    /// The built-in table of public on-demand prices.
+    BuiltinModel { family: String, source: String },
+    /// No rate applies: cost is unknown.
+    Unknown,
+}
+
+impl RateOrigin {
+    /// A short label for tables and CSV.
+    pub fn label(&self) -> String {
+        match self {
+            RateOrigin::ConfigOverride { key } => format!("config override ({key})"),
+            RateOrigin::BuiltinModel { family, .. } => format!("built-in default ({family})"),
+            RateOrigin::Unknown => UNKNOWN.to_string(),
+        }
+    }
+}
+
+/// An hourly rate with its origin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rate {
+    pub usd_per_hour: Option<f64>,
+    pub origin: RateOrigin,
+}
+
+/// Present until unobserved for the stale window, then missing (shown, never dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuState {
+    Present,
+    Missing,
+}
+
+impl GpuState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuState::Present => "present",
+            GpuState::Missing => "missing",
+        }
+    }
+}
+
+/// One GPU as the query API lists it: merged attributes, owner with its reason, rate with origin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: Option<u64>,
+    pub host: Option<String>,
+    pub cluster: Option<String>,
+    pub cloud: Option<String>,
+    pub region: Option<String>,
+    pub instance_type: Option<String>,
+    pub serial: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub team: String,
+    pub env: String,
+    pub owner_reason: String,
+    pub state: GpuState,
+    pub first_seen: DateTime<Utc>,
+    pub last_seen: DateTime<Utc>,
+    pub usd_per_hour: Option<f64>,
+    pub rate_origin: String,
+    pub mig_parent_uuid: Option<String>,
+    pub mig_profile: Option<String>,
+    pub placeholder: bool,
+    pub source: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One attribute of a GPU with the source that said it and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttributeProvenance {
+    pub attribute: String,
+    pub value: String,
+    pub source: String,
+    pub observed_at: DateTime<Utc>,
+}
+
+/// One clock hour of one GPU. `activity_pct` is `None` when no sample carried activity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HourPoint {
+    pub hour: DateTime<Utc>,
+    pub samples: i64,
+    pub activity_pct: Option<f64>,
+    pub mem_used_mib_max: Option<f64>,
+    pub power_w_avg: Option<f64>,
+    pub allocated: bool,
+}
+
+/// An allocation interval as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub gpu_uuid: String,
+    pub start: DateTime<Utc>,
+    pub end: Option<DateTime<Utc>>,
+    pub workload: String,
+    pub kind: String,
+    pub user: Option<String>,
+    pub team: Option<String>,
+    pub source: String,
+}
+
+/// A GPU with its history in a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuDetail {
+    #[serde(flatten)]
+    pub gpu: GpuView,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub provenance: Vec<AttributeProvenance>,
+    pub mig_children: Vec<String>,
+    pub hours: Vec<HourPoint>,
+    pub allocations: Vec<Allocation>,
+}
+
+/// Freshness of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceStatus {
+    /// Succeeded within the freshness objective.
+    Ok,
+    /// Last success older than the freshness objective.
+    Stale,
+    /// Its last attempt failed.
+    Error,
+    /// Never succeeded.
+    Never,
+}
+
+/// One source with its freshness (BRIEF section 2: freshness is a first-class fact).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceView {
+    pub name: String,
+    pub kind: String,
+    pub last_success: Option<DateTime<Utc>>,
+    pub lag_secs: Option<i64>,
+    pub status: SourceStatus,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+    pub gpus: i64,
+}
+
+/// One group of the summary, with the figures of BRIEF section 4.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SummaryGroup {
+    pub key: String,
+    /// Physical GPUs present at some hour of the window.
+    pub gpus: i64,
+    pub gpu_hours: i64,
+    pub busy_hours: i64,
+    pub idle_hours: i64,
+    pub unknown_hours: i64,
+    pub allocated_hours: i64,
+    pub allocated_idle_hours: i64,
+    /// Mean hourly activity over the hours whose activity is known; `None` if none is.
+    pub avg_activity_pct: Option<f64>,
+    /// Σ present hours × rate over GPUs with a known rate.
+    pub cost_usd: f64,
+    /// Σ idle hours × rate over GPUs with a known rate.
+    pub idle_cost_usd: f64,
+    /// Σ allocated-and-idle hours × rate over GPUs with a known rate.
+    pub allocated_idle_cost_usd: f64,
+    /// GPU-hours left out of the costs because no rate is known for the GPU.
+    pub unpriced_gpu_hours: i64,
+}
+
+/// `GET /api/v1/summary`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: String,
+    pub idle_threshold_pct: f64,
+    pub groups: Vec<SummaryGroup>,
+    pub total: SummaryGroup,
+}

@@ -1,0 +1,800 @@
+//! Storing validated pushes: scope checks, identity merge, idempotent writes and rollups.
+//!
+//! One body is one transaction. Records the token may not write are rejected with the reason
+//! and flagged `forbidden`; the rest are stored. Samples are keyed by (GPU, ts) and allocations
+//! by (GPU, workload, start), so a re-sent body stores nothing twice.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use gpuledger_ledger::merge::attributes;
+use gpuledger_ledger::{merge_gpu, GpuRecord, Rejection, Validated};
+use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
+use serde::Serialize;
+use sqlx::{Any, Transaction};
+
+use crate::query::{gpu_from_row, GPU_COLUMNS};
+use crate::{Result, Store};
+
+/// Who is writing: a token's source and, when scoped, its teams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub source: String,
+    /// `None`: any team. `Some(list)`: only GPUs owned by these teams.
+    pub teams: Option<Vec<String>>,
+    /// The source's kind as shown on the sources page (`push`, `agent`, `demo`, ...).
+    pub kind: String,
+}
+
+impl Principal {
+    fn may_write(&self, team: &str) -> bool {
+        self.teams
+            .as_ref()
+            .is_none_or(|t| t.iter().any(|x| x == team))
+    }
+
+    fn teams_text(&self) -> String {
+        self.teams
+            .as_ref()
+            .map(|t| t.join(", "))
+            .unwrap_or_default()
+    }
+}
+
+/// Per-list counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub gpus: u64,
+    pub samples: u64,
+    pub allocations: u64,
+}
+
+/// What happened to one body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IngestOutcome {
+    /// Valid records kept (including ones already stored by an earlier identical push).
+    pub accepted: Counts,
+    /// Of the accepted, how many were already stored and changed nothing.
+    pub duplicates: Counts,
+    pub rejected: Vec<Rejection>,
+}
+
+impl IngestOutcome {
+    /// True when nothing was allowed: no record accepted and at least one refused for scope.
+    pub fn nothing_allowed(&self) -> bool {
+        let a = self.accepted;
+        a.gpus + a.samples + a.allocations == 0 && self.rejected.iter().any(|r| r.forbidden)
+    }
+}
+
+/// Hours touched for one GPU during an ingest, to re-roll afterwards.
+#[derive(Default)]
+struct Touched {
+    presence: BTreeSet<i64>,
+    activity: Option<(i64, i64)>,
+    flags: Option<(i64, i64)>,
+}
+
+fn widen(r: &mut Option<(i64, i64)>, lo: i64, hi: i64) {
+    *r = Some(match *r {
+        None => (lo, hi),
+        Some((a, b)) => (a.min(lo), b.max(hi)),
+    });
+}
+
+fn values(rows: usize, cols: usize) -> String {
+    let mut s = String::with_capacity(rows * cols * 5);
+    for r in 0..rows {
+        if r > 0 {
+            s.push(',');
+        }
+        s.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                s.push(',');
+            }
+            s.push('$');
+            s.push_str(&(r * cols + c + 1).to_string());
+        }
+        s.push(')');
+    }
+    s
+}
+
+impl Store {
+    /// Store a validated body for `who`. `now` is the server's clock.
+    pub async fn ingest(
+        &self,
+        who: &Principal,
+        body: Validated,
+        now: DateTime<Utc>,
+    ) -> Result<IngestOutcome> {
+        let _writer = self.write_lock.lock().await;
+        let now_secs = now.timestamp();
+        let mut out = IngestOutcome {
+            rejected: body.rejections,
+            ..Default::default()
+        };
+        let mut tx = self.pool().begin().await?;
+
+        let mut uuids: BTreeSet<&str> = BTreeSet::new();
+        uuids.extend(body.gpus.iter().map(|(_, g)| g.uuid.as_str()));
+        uuids.extend(body.samples.iter().map(|(_, s)| s.gpu_uuid.as_str()));
+        uuids.extend(body.allocations.iter().map(|(_, a)| a.gpu_uuid.as_str()));
+        let mut known = self.load_gpus(&mut tx, uuids.into_iter().collect()).await?;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        let stale = self.settings.stale_window_secs;
+
+        // Inventory.
+        for (i, g) in &body.gpus {
+            let existing = known.get(&g.uuid).map(|(_, r)| r);
+            if let Some(old) = existing {
+                if !who.may_write(&old.team) {
+                    out.rejected.push(Rejection::forbidden(
+                        format!("gpus[{i}]"),
+                        format!(
+                            "GPU {} is owned by team `{}`; this token may write only teams: {}",
+                            g.uuid,
+                            old.team,
+                            who.teams_text()
+                        ),
+                    ));
+                    continue;
+                }
+            }
+            let merged = merge_gpu(existing, g, &who.source, &self.settings);
+            if !who.may_write(&merged.team) {
+                out.rejected.push(Rejection::forbidden(
+                    format!("gpus[{i}].labels.team"),
+                    format!(
+                        "would place GPU {} in team `{}`; this token may write only teams: {} \
+                         (set labels.team to one of them)",
+                        g.uuid,
+                        merged.team,
+                        who.teams_text()
+                    ),
+                ));
+                continue;
+            }
+            let is_new = existing.is_none();
+            let unchanged = existing == Some(&merged);
+            let id = self.upsert_gpu(&mut tx, &merged).await?;
+            for (attr, value) in attributes(g) {
+                let attr = match attr {
+                    "labels" => format!("labels.{}", value.split('=').next().unwrap_or_default()),
+                    other => other.to_string(),
+                };
+                sqlx::query(&self.sql(
+                    "INSERT INTO gpu_attrs (gpu_id, attribute, source, value, observed_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (gpu_id, attribute, source) DO UPDATE \
+                     SET value = excluded.value, observed_at = excluded.observed_at \
+                     WHERE excluded.observed_at >= gpu_attrs.observed_at",
+                ))
+                .bind(id)
+                .bind(attr)
+                .bind(who.source.clone())
+                .bind(value)
+                .bind(g.observed_at.timestamp())
+                .execute(&mut *tx)
+                .await?;
+            }
+            if is_new {
+                if let Some(host) = &merged.host {
+                    self.absorb_placeholder(&mut tx, id, host, &mut touched)
+                        .await?;
+                }
+            }
+            let t = touched.entry(id).or_default();
+            mark_presence(t, g.observed_at.timestamp(), stale);
+            out.accepted.gpus += 1;
+            if unchanged {
+                out.duplicates.gpus += 1;
+            }
+            known.insert(g.uuid.clone(), (id, merged));
+        }
+
+        // Samples.
+        let cutoff = self.raw_cutoff(now_secs);
+        let mut rows: Vec<(i64, &gpuledger_model::PushSample)> = Vec::new();
+        for (i, s) in &body.samples {
+            let Some((id, rec)) = known.get(&s.gpu_uuid) else {
+                out.rejected
+                    .push(unknown_gpu(format!("samples[{i}].gpu_uuid"), &s.gpu_uuid));
+                continue;
+            };
+            if !who.may_write(&rec.team) {
+                out.rejected.push(Rejection::forbidden(
+                    format!("samples[{i}]"),
+                    format!(
+                        "GPU {} is owned by team `{}`; this token may write only teams: {}",
+                        s.gpu_uuid,
+                        rec.team,
+                        who.teams_text()
+                    ),
+                ));
+                continue;
+            }
+            let ts = s.ts.timestamp();
+            if ts < cutoff {
+                out.rejected.push(Rejection::new(
+                    format!("samples[{i}].ts"),
+                    format!(
+                        "is older than the raw-sample retention ({} days); such history can no \
+                         longer be rolled up",
+                        self.settings.raw_retention_days
+                    ),
+                ));
+                continue;
+            }
+            rows.push((*id, s));
+        }
+        let source_id = self.source_id(&mut tx, who).await?;
+        for chunk in rows.chunks(500) {
+            let sql = format!(
+                "INSERT INTO samples (gpu_id, ts, util_pct, mem_used_mib, power_w, sm_active, source_id) \
+                 VALUES {} ON CONFLICT (gpu_id, ts) DO NOTHING",
+                values(chunk.len(), 7)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(false);
+            for (id, s) in chunk {
+                q = q
+                    .bind(*id)
+                    .bind(s.ts.timestamp())
+                    .bind(s.util_pct)
+                    .bind(s.mem_used_mib)
+                    .bind(s.power_w)
+                    .bind(s.sm_active)
+                    .bind(source_id);
+            }
+            let inserted = q.execute(&mut *tx).await?.rows_affected();
+            out.accepted.samples += chunk.len() as u64;
+            out.duplicates.samples += chunk.len() as u64 - inserted;
+        }
+        for (id, s) in &rows {
+            let ts = s.ts.timestamp();
+            let t = touched.entry(*id).or_default();
+            mark_presence(t, ts, stale);
+            widen(&mut t.activity, hour_floor(ts), hour_floor(ts) + HOUR_SECS);
+        }
+
+        // Allocations.
+        let horizon = hour_floor(now_secs + stale) + HOUR_SECS;
+        for (i, a) in &body.allocations {
+            let Some((id, rec)) = known.get(&a.gpu_uuid) else {
+                out.rejected.push(unknown_gpu(
+                    format!("allocations[{i}].gpu_uuid"),
+                    &a.gpu_uuid,
+                ));
+                continue;
+            };
+            if !who.may_write(&rec.team) {
+                out.rejected.push(Rejection::forbidden(
+                    format!("allocations[{i}]"),
+                    format!(
+                        "GPU {} is owned by team `{}`; this token may write only teams: {}",
+                        a.gpu_uuid,
+                        rec.team,
+                        who.teams_text()
+                    ),
+                ));
+                continue;
+            }
+            let start = a.start.timestamp();
+            let end = a.end.map(|e| e.timestamp());
+            let old: Option<(Option<i64>, String, String, Option<String>, Option<String>)> =
+                sqlx::query_as(&self.sql(
+                    "SELECT end_ts, source, kind, user_name, team FROM allocations \
+                     WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
+                ))
+                .bind(*id)
+                .bind(a.workload.clone())
+                .bind(start)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if let Some((old_end, old_source, kind, user, team)) = &old {
+                if old_source != &who.source {
+                    out.rejected.push(Rejection::forbidden(
+                        format!("allocations[{i}]"),
+                        format!(
+                            "this allocation was reported by source `{old_source}`; a source may \
+                             not change another source's allocations"
+                        ),
+                    ));
+                    continue;
+                }
+                out.accepted.allocations += 1;
+                if *old_end == end && kind == a.kind.as_str() && user == &a.user && team == &a.team
+                {
+                    out.duplicates.allocations += 1;
+                    continue;
+                }
+            } else {
+                out.accepted.allocations += 1;
+            }
+            sqlx::query(&self.sql(
+                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
+                 kind = excluded.kind, user_name = excluded.user_name, team = excluded.team",
+            ))
+            .bind(*id)
+            .bind(start)
+            .bind(end)
+            .bind(a.workload.clone())
+            .bind(a.kind.as_str())
+            .bind(a.user.clone())
+            .bind(a.team.clone())
+            .bind(who.source.clone())
+            .execute(&mut *tx)
+            .await?;
+            let old_end = old.and_then(|o| o.0);
+            let hi = match (end, old_end) {
+                (Some(e), Some(o)) => e.max(o),
+                (Some(e), None) => e,
+                _ => horizon,
+            };
+            let t = touched.entry(*id).or_default();
+            widen(
+                &mut t.flags,
+                hour_floor(start),
+                hi.min(horizon).max(hour_floor(start) + 1),
+            );
+        }
+
+        // Roll up what changed.
+        for (id, t) in &touched {
+            self.reroll(&mut tx, *id, t).await?;
+        }
+        self.record_attempt(&mut tx, who, &out, now_secs).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// A count-only source says `host` has `count` GPUs: keep that many GPUs on the host, making
+    /// placeholders for those no UUID-aware source has named yet (BRIEF section 4).
+    pub async fn observe_host_gpu_count(
+        &self,
+        who: &Principal,
+        host: &str,
+        count: u32,
+        model: Option<&str>,
+        cluster: Option<&str>,
+        observed_at: DateTime<Utc>,
+    ) -> Result<u32> {
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool().begin().await?;
+        let real: i64 = sqlx::query_scalar(&self.sql(
+            "SELECT COUNT(*) FROM gpus WHERE host = $1 AND placeholder = 0 AND mig_parent_uuid IS NULL",
+        ))
+        .bind(host.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        let wanted = (count as i64 - real).max(0) as u32;
+        // Refresh the host's existing placeholders first, then make new ones on unused indexes.
+        let existing: Vec<String> = sqlx::query_scalar(
+            &self.sql("SELECT uuid FROM gpus WHERE host = $1 AND placeholder = 1 ORDER BY uuid"),
+        )
+        .bind(host.to_string())
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut uuids: Vec<String> = existing.iter().take(wanted as usize).cloned().collect();
+        let mut index = 0;
+        while uuids.len() < wanted as usize {
+            let candidate = gpuledger_model::placeholder_uuid(host, index);
+            if !existing.contains(&candidate) {
+                uuids.push(candidate);
+            }
+            index += 1;
+        }
+        let known = self
+            .load_gpus(&mut tx, uuids.iter().map(String::as_str).collect())
+            .await?;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        for uuid in &uuids {
+            let seen = observed_at;
+            let mut rec = match known.get(uuid) {
+                Some((_, r)) => r.clone(),
+                None => GpuRecord {
+                    uuid: uuid.clone(),
+                    model: model.unwrap_or("unknown").to_string(),
+                    memory_mib: None,
+                    host: Some(host.to_string()),
+                    cluster: cluster.map(String::from),
+                    cloud: None,
+                    region: None,
+                    instance_type: None,
+                    serial: None,
+                    pci_bus_id: None,
+                    mig_parent_uuid: None,
+                    mig_profile: None,
+                    labels: Default::default(),
+                    source: who.source.clone(),
+                    placeholder: true,
+                    first_seen: seen,
+                    last_seen: seen,
+                    team: String::new(),
+                    env: String::new(),
+                    owner_reason: String::new(),
+                    rate: self.settings.rates.rate_for(model.unwrap_or("unknown")),
+                },
+            };
+            rec.last_seen = rec.last_seen.max(seen);
+            rec.first_seen = rec.first_seen.min(seen);
+            rec.rederive(&self.settings);
+            rec.owner_reason = format!(
+                "placeholder: {host} has {count} GPU(s) by source {}, not yet named by a UUID-aware source; {}",
+                who.source, rec.owner_reason
+            );
+            let id = self.upsert_gpu(&mut tx, &rec).await?;
+            mark_presence(
+                touched.entry(id).or_default(),
+                seen.timestamp(),
+                self.settings.stale_window_secs,
+            );
+        }
+        for (id, t) in &touched {
+            self.reroll(&mut tx, *id, t).await?;
+        }
+        tx.commit().await?;
+        Ok(wanted)
+    }
+
+    pub(crate) async fn load_gpus(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        uuids: Vec<&str>,
+    ) -> Result<HashMap<String, (i64, GpuRecord)>> {
+        let mut out = HashMap::new();
+        for chunk in uuids.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|n| format!("${n}")).collect();
+            let sql = format!(
+                "SELECT {GPU_COLUMNS} FROM gpus WHERE uuid IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(false);
+            for u in chunk {
+                q = q.bind(u.to_string());
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                let (id, rec) = gpu_from_row(&row)?;
+                out.insert(rec.uuid.clone(), (id, rec));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn upsert_gpu(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        r: &GpuRecord,
+    ) -> Result<i64> {
+        let labels = serde_json::to_string(&r.labels).unwrap_or_else(|_| "{}".into());
+        let origin = serde_json::to_string(&r.rate.origin).unwrap_or_else(|_| "{}".into());
+        let id: i64 = sqlx::query_scalar(&self.sql(
+            "INSERT INTO gpus (uuid, model, memory_mib, host, cluster, cloud, region, instance_type, \
+             serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
+             first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin) \
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22) \
+             ON CONFLICT (uuid) DO UPDATE SET model = excluded.model, memory_mib = excluded.memory_mib, \
+             host = excluded.host, cluster = excluded.cluster, cloud = excluded.cloud, \
+             region = excluded.region, instance_type = excluded.instance_type, serial = excluded.serial, \
+             pci_bus_id = excluded.pci_bus_id, mig_parent_uuid = excluded.mig_parent_uuid, \
+             mig_profile = excluded.mig_profile, labels = excluded.labels, source = excluded.source, \
+             placeholder = excluded.placeholder, first_seen = excluded.first_seen, \
+             last_seen = excluded.last_seen, team = excluded.team, env = excluded.env, \
+             owner_reason = excluded.owner_reason, usd_per_hour = excluded.usd_per_hour, \
+             rate_origin = excluded.rate_origin RETURNING id",
+        ))
+        .bind(r.uuid.clone())
+        .bind(r.model.clone())
+        .bind(r.memory_mib.map(|m| m as i64))
+        .bind(r.host.clone())
+        .bind(r.cluster.clone())
+        .bind(r.cloud.clone())
+        .bind(r.region.clone())
+        .bind(r.instance_type.clone())
+        .bind(r.serial.clone())
+        .bind(r.pci_bus_id.clone())
+        .bind(r.mig_parent_uuid.clone())
+        .bind(r.mig_profile.clone())
+        .bind(labels)
+        .bind(r.source.clone())
+        .bind(r.placeholder as i64)
+        .bind(r.first_seen.timestamp())
+        .bind(r.last_seen.timestamp())
+        .bind(r.team.clone())
+        .bind(r.env.clone())
+        .bind(r.owner_reason.clone())
+        .bind(r.rate.usd_per_hour)
+        .bind(origin)
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(id)
+    }
+
+    /// A real GPU first reported on `host` takes over one placeholder of that host: its hours
+    /// and allocations move to the real GPU and the placeholder goes away (BRIEF section 4).
+    async fn absorb_placeholder(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        real_id: i64,
+        host: &str,
+        touched: &mut BTreeMap<i64, Touched>,
+    ) -> Result<()> {
+        let ph: Option<(i64, i64, i64)> = sqlx::query_as(&self.sql(
+            "SELECT g.id, COALESCE((SELECT MIN(hour) FROM gpu_hours WHERE gpu_id = g.id), 0), \
+             COALESCE((SELECT MAX(hour) FROM gpu_hours WHERE gpu_id = g.id), 0) \
+             FROM gpus g WHERE g.placeholder = 1 AND g.host = $1 ORDER BY g.uuid LIMIT 1",
+        ))
+        .bind(host.to_string())
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some((ph_id, lo, hi)) = ph else {
+            return Ok(());
+        };
+        for sql in [
+            "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
+             SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
+             FROM gpu_hours WHERE gpu_id = $2 ON CONFLICT (gpu_id, hour) DO NOTHING",
+            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source) \
+             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source \
+             FROM allocations WHERE gpu_id = $2 ON CONFLICT (gpu_id, workload, start_ts) DO NOTHING",
+        ] {
+            sqlx::query(&self.sql(sql))
+                .bind(real_id)
+                .bind(ph_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        for table in [
+            "gpu_hours",
+            "gpu_days",
+            "allocations",
+            "gpu_attrs",
+            "samples",
+        ] {
+            sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE gpu_id = $1")))
+                .bind(ph_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        sqlx::query(&self.sql("DELETE FROM gpus WHERE id = $1"))
+            .bind(ph_id)
+            .execute(&mut **tx)
+            .await?;
+        if hi >= lo && hi > 0 {
+            let t = touched.entry(real_id).or_default();
+            widen(&mut t.flags, lo, hi + HOUR_SECS);
+        }
+        Ok(())
+    }
+
+    /// Re-roll one GPU's touched hours and days.
+    async fn reroll(&self, tx: &mut Transaction<'_, Any>, id: i64, t: &Touched) -> Result<()> {
+        let hours: Vec<i64> = t.presence.iter().copied().collect();
+        for chunk in hours.chunks(400) {
+            let mut rows = Vec::with_capacity(chunk.len());
+            for n in 0..chunk.len() {
+                rows.push(format!("($1, ${})", n + 2));
+            }
+            let sql = format!(
+                "INSERT INTO gpu_hours (gpu_id, hour) VALUES {} ON CONFLICT (gpu_id, hour) DO NOTHING",
+                rows.join(",")
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(false).bind(id);
+            for h in chunk {
+                q = q.bind(*h);
+            }
+            q.execute(&mut **tx).await?;
+        }
+        if let Some((lo, hi)) = t.activity {
+            sqlx::query(&self.sql(
+                "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
+                 SELECT gpu_id, (ts / 3600) * 3600, COUNT(*), \
+                 SUM(CASE WHEN sm_active IS NOT NULL OR util_pct IS NOT NULL THEN 1 ELSE 0 END), \
+                 COALESCE(SUM(COALESCE(sm_active * 100.0, util_pct)), 0), MAX(mem_used_mib), \
+                 COALESCE(SUM(power_w), 0), COUNT(power_w), 0 \
+                 FROM samples WHERE gpu_id = $1 AND ts >= $2 AND ts < $3 \
+                 GROUP BY gpu_id, (ts / 3600) * 3600 \
+                 ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
+                 act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
+                 power_sum = excluded.power_sum, power_n = excluded.power_n",
+            ))
+            .bind(id)
+            .bind(lo)
+            .bind(hi)
+            .execute(&mut **tx)
+            .await?;
+        }
+        // Every hour whose row may be new or whose allocations changed gets its flag again.
+        let mut range: Option<(i64, i64)> = t.flags;
+        if let (Some(&lo), Some(&hi)) = (t.presence.first(), t.presence.last()) {
+            widen(&mut range, lo, hi + HOUR_SECS);
+        }
+        if let Some((lo, hi)) = t.activity {
+            widen(&mut range, lo, hi);
+        }
+        let Some((lo, hi)) = range else { return Ok(()) };
+        sqlx::query(&self.sql(
+            "UPDATE gpu_hours SET allocated = CASE WHEN EXISTS (SELECT 1 FROM allocations a \
+             WHERE a.gpu_id = gpu_hours.gpu_id AND a.start_ts < gpu_hours.hour + 3600 \
+             AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) THEN 1 ELSE 0 END \
+             WHERE gpu_id = $1 AND hour >= $2 AND hour < $3",
+        ))
+        .bind(id)
+        .bind(lo)
+        .bind(hi)
+        .execute(&mut **tx)
+        .await?;
+        self.reroll_days(
+            &mut **tx,
+            Some(id),
+            day_floor(lo),
+            day_floor(hi - 1) + DAY_SECS,
+        )
+        .await
+    }
+
+    /// Recompute day rollups from hour rollups for one GPU (or all) in [lo, hi).
+    pub(crate) async fn reroll_days<'e, E>(
+        &self,
+        exec: E,
+        id: Option<i64>,
+        lo: i64,
+        hi: i64,
+    ) -> Result<()>
+    where
+        E: sqlx::Executor<'e, Database = Any>,
+    {
+        let filter = if id.is_some() {
+            "gpu_id = $1"
+        } else {
+            "$1 = $1"
+        };
+        let sql = format!(
+            "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, idle_hours, \
+             allocated_hours, allocated_idle_hours) \
+             SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
+             SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
+             SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
+             SUM(CASE WHEN act_n > 0 AND act_sum < $4 * act_n THEN 1 ELSE 0 END), \
+             SUM(allocated), \
+             SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $4 * act_n THEN 1 ELSE 0 END) \
+             FROM gpu_hours WHERE {filter} AND hour >= $2 AND hour < $3 \
+             GROUP BY gpu_id, (hour / 86400) * 86400 \
+             ON CONFLICT (gpu_id, day) DO UPDATE SET present_hours = excluded.present_hours, \
+             known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
+             idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
+             allocated_idle_hours = excluded.allocated_idle_hours"
+        );
+        sqlx::query(&self.sql(&sql))
+            .bind(id.unwrap_or(0))
+            .bind(lo)
+            .bind(hi)
+            .bind(self.settings.idle_threshold_pct)
+            .execute(exec)
+            .await?;
+        Ok(())
+    }
+
+    /// Rebuild every day rollup (after the idle threshold changed).
+    pub(crate) async fn rebuild_days(&self) -> Result<()> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("DELETE FROM gpu_days")
+            .execute(&mut *tx)
+            .await?;
+        self.reroll_days(&mut *tx, None, i64::MIN / 2, i64::MAX / 2)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn source_id(&self, tx: &mut Transaction<'_, Any>, who: &Principal) -> Result<i64> {
+        let id: i64 = sqlx::query_scalar(&self.sql(
+            "INSERT INTO sources (name, kind) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET kind = excluded.kind RETURNING id",
+        ))
+        .bind(who.source.clone())
+        .bind(who.kind.clone())
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(id)
+    }
+
+    async fn record_attempt(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        who: &Principal,
+        out: &IngestOutcome,
+        now: i64,
+    ) -> Result<()> {
+        let a = out.accepted;
+        let ok = a.gpus + a.samples + a.allocations > 0 || out.rejected.is_empty();
+        let error = out
+            .rejected
+            .first()
+            .map(|r| format!("{} record(s) rejected; first: {r}", out.rejected.len()));
+        sqlx::query(&self.sql(
+            "UPDATE sources SET last_attempt = $2, \
+             last_success = CASE WHEN $3 = 1 THEN $2 ELSE last_success END, \
+             last_error = CASE WHEN $4 = 1 THEN $5 ELSE last_error END, \
+             last_error_at = CASE WHEN $4 = 1 THEN $2 ELSE last_error_at END \
+             WHERE name = $1",
+        ))
+        .bind(who.source.clone())
+        .bind(now)
+        .bind(ok as i64)
+        .bind(error.is_some() as i64)
+        .bind(error)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Record a pull collector's failed run: the source turns `error` until its next success.
+    pub async fn record_source_error(
+        &self,
+        name: &str,
+        kind: &str,
+        error: &str,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        sqlx::query(&self.sql(
+            "INSERT INTO sources (name, kind, last_attempt, last_error, last_error_at) \
+             VALUES ($1, $2, $3, $4, $3) ON CONFLICT (name) DO UPDATE SET \
+             last_attempt = excluded.last_attempt, last_error = excluded.last_error, \
+             last_error_at = excluded.last_error_at",
+        ))
+        .bind(name.to_string())
+        .bind(kind.to_string())
+        .bind(now.timestamp())
+        .bind(error.to_string())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
+    let mut h = hour_floor(ts);
+    let last = hour_floor(ts + stale.max(1) - 1);
+    while h <= last {
+        t.presence.insert(h);
+        h += HOUR_SECS;
+    }
+}
+
+fn unknown_gpu(path: String, uuid: &str) -> Rejection {
+    Rejection::new(
+        path,
+        format!(
+            "no GPU {uuid} has been reported; send it in `gpus` first (in this body or an earlier one)"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presence_covers_the_stale_window() {
+        let mut t = Touched::default();
+        mark_presence(&mut t, 3600 * 10 + 59 * 60, 7200);
+        assert_eq!(
+            t.presence.iter().copied().collect::<Vec<_>>(),
+            vec![36000, 39600, 43200]
+        );
+        let mut t = Touched::default();
+        mark_presence(&mut t, 3600 * 10, 7200);
+        assert_eq!(t.presence.len(), 2);
+    }
+
+    #[test]
+    fn values_numbers_placeholders_row_major() {
+        assert_eq!(values(2, 2), "($1,$2),($3,$4)");
+    }
+}

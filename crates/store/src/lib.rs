@@ -1,0 +1,308 @@
+//! gpuledger's store: one interface over SQLite (the embedded default) and PostgreSQL.
+//!
+//! Both backends run the same SQL, written with `$N` placeholders and rewritten to `?N` for
+//! SQLite; schemas live in `migrations/{sqlite,postgres}` with identical names and are applied
+//! in order at open. Times are unix seconds. Raw samples roll up per GPU per clock hour as they
+//! arrive (a late sample re-rolls its hour), hours roll up per UTC day, and queries read the
+//! rollups, never the raw samples.
+
+mod ingest;
+mod query;
+mod tokens;
+
+use std::borrow::Cow;
+use std::str::FromStr;
+
+use gpuledger_ledger::Settings;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Executor};
+
+pub use ingest::{IngestOutcome, Principal};
+pub use query::{Filters, Window};
+pub use tokens::{Role, TokenInfo};
+
+/// Errors from the store; each says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database URL `{0}`: use sqlite://PATH (or a plain file path) or postgres://...")]
+    BadUrl(String),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which database a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The store. Cheap to clone (a pool handle and settings).
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    settings: std::sync::Arc<Settings>,
+    /// One writer at a time: ingest reads then writes, which SQLite cannot upgrade safely
+    /// under concurrent writers, and the merge of a GPU's attributes is read-modify-write.
+    write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../migrations/sqlite/0001_init.sql"),
+)];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../migrations/postgres/0001_init.sql"),
+)];
+
+/// Turn a user's database setting into a URL sqlx understands: a plain path or `sqlite://PATH`
+/// becomes a SQLite file created when missing.
+pub fn normalize_url(url: &str) -> Result<(Backend, String)> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok((Backend::Postgres, url.to_string()));
+    }
+    let path = if let Some(rest) = url.strip_prefix("sqlite://") {
+        rest
+    } else if let Some(rest) = url.strip_prefix("sqlite:") {
+        rest
+    } else if url.contains("://") || url.is_empty() {
+        return Err(StoreError::BadUrl(url.to_string()));
+    } else {
+        url
+    };
+    if path.contains('?') {
+        return Ok((Backend::Sqlite, format!("sqlite://{path}")));
+    }
+    Ok((Backend::Sqlite, format!("sqlite://{path}?mode=rwc")))
+}
+
+impl Store {
+    /// Open (creating when missing) and migrate the database at `url`.
+    pub async fn open(url: &str, settings: Settings) -> Result<Store> {
+        Store::open_in_schema(url, None, settings).await
+    }
+
+    /// Like [`Store::open`], with every PostgreSQL connection working in `schema` (created when
+    /// missing). Tests use it to give each test its own schema.
+    pub async fn open_in_schema(
+        url: &str,
+        schema: Option<&str>,
+        settings: Settings,
+    ) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let (backend, url) = normalize_url(url)?;
+        let opts = AnyConnectOptions::from_str(&url)?;
+        let schema = schema.map(|s| s.to_string());
+        if let (Backend::Postgres, Some(s)) = (backend, &schema) {
+            if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(StoreError::Invalid(format!("bad schema name `{s}`")));
+            }
+            let pool = AnyPoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts.clone())
+                .await?;
+            pool.execute(format!("CREATE SCHEMA IF NOT EXISTS {s}").as_str())
+                .await?;
+            pool.close().await;
+        }
+        let max = match backend {
+            Backend::Sqlite => 4,
+            Backend::Postgres => 8,
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .after_connect(move |conn, _meta| {
+                let schema = schema.clone();
+                Box::pin(async move {
+                    match backend {
+                        Backend::Sqlite => {
+                            conn.execute(
+                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                                 PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;",
+                            )
+                            .await?;
+                        }
+                        Backend::Postgres => {
+                            if let Some(s) = schema {
+                                conn.execute(format!("SET search_path TO {s}").as_str())
+                                    .await?;
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        let store = Store {
+            pool,
+            backend,
+            settings: std::sync::Arc::new(settings),
+            write_lock: Default::default(),
+        };
+        store.migrate().await?;
+        store.apply_settings().await?;
+        Ok(store)
+    }
+
+    /// Drop a PostgreSQL schema and everything in it (test isolation).
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<()> {
+        sqlx::any::install_default_drivers();
+        if !schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(StoreError::Invalid(format!("bad schema name `{schema}`")));
+        }
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect_with(AnyConnectOptions::from_str(url)?)
+            .await?;
+        pool.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE").as_str())
+            .await?;
+        pool.close().await;
+        Ok(())
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let list = match self.backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS,
+            Backend::Postgres => POSTGRES_MIGRATIONS,
+        };
+        let migrations: Vec<Migration> = list
+            .iter()
+            .map(|(v, d, sql)| {
+                Migration::new(
+                    *v,
+                    Cow::Borrowed(*d),
+                    MigrationType::Simple,
+                    Cow::Borrowed(*sql),
+                    false,
+                )
+            })
+            .collect();
+        let migrator = Migrator {
+            migrations: Cow::Owned(migrations),
+            ..Migrator::DEFAULT
+        };
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The SQL for this backend: `$N` placeholders become `?N` on SQLite.
+    pub(crate) fn sql<'a>(&self, sql: &'a str) -> Cow<'a, str> {
+        match self.backend {
+            Backend::Postgres => Cow::Borrowed(sql),
+            Backend::Sqlite => Cow::Owned(sql.replace('$', "?")),
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Close the pool, finishing in-flight work.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Bring derived data in line with the settings this store was opened with: re-derive owner,
+    /// environment and rate of every GPU (the config's rates may have changed), and rebuild the
+    /// day rollups when the idle threshold differs from the one they were built with.
+    async fn apply_settings(&self) -> Result<()> {
+        self.rederive_all_gpus().await?;
+        let want = self.settings.idle_threshold_pct.to_string();
+        let have: Option<String> = sqlx::query_scalar(
+            &self.sql("SELECT value FROM meta WHERE key = 'idle_threshold_pct'"),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if have.as_deref() != Some(want.as_str()) {
+            if have.is_some() {
+                tracing::info!(threshold = %want, "idle threshold changed; rebuilding day rollups");
+                self.rebuild_days().await?;
+            }
+            sqlx::query(&self.sql(
+                "INSERT INTO meta (key, value) VALUES ('idle_threshold_pct', $1) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            ))
+            .bind(want)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Delete raw samples and rollups past their retention. Raw samples go by whole hours so
+    /// that an hour is never half pruned.
+    pub async fn prune(&self, now_secs: i64) -> Result<(u64, u64)> {
+        let raw_cutoff = self.raw_cutoff(now_secs) - gpuledger_model::HOUR_SECS;
+        let rollup_cutoff = gpuledger_model::day_floor(
+            now_secs - self.settings.rollup_retention_days * gpuledger_model::DAY_SECS,
+        );
+        let raw = sqlx::query(&self.sql("DELETE FROM samples WHERE ts < $1"))
+            .bind(raw_cutoff)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        let hours = sqlx::query(&self.sql("DELETE FROM gpu_hours WHERE hour < $1"))
+            .bind(rollup_cutoff)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        sqlx::query(&self.sql("DELETE FROM gpu_days WHERE day < $1"))
+            .bind(rollup_cutoff)
+            .execute(&self.pool)
+            .await?;
+        Ok((raw, hours))
+    }
+
+    /// The earliest sample time still accepted: the start of the first hour whose raw samples
+    /// are all within retention (so a late sample never re-rolls a half-pruned hour).
+    pub(crate) fn raw_cutoff(&self, now_secs: i64) -> i64 {
+        gpuledger_model::hour_floor(
+            now_secs - self.settings.raw_retention_days * gpuledger_model::DAY_SECS,
+        ) + gpuledger_model::HOUR_SECS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_select_the_backend() {
+        assert_eq!(
+            normalize_url("gpuledger.db").unwrap(),
+            (Backend::Sqlite, "sqlite://gpuledger.db?mode=rwc".into())
+        );
+        assert_eq!(
+            normalize_url("sqlite:///tmp/x.db").unwrap().1,
+            "sqlite:///tmp/x.db?mode=rwc"
+        );
+        assert_eq!(
+            normalize_url("postgres://h/db").unwrap().0,
+            Backend::Postgres
+        );
+        assert!(normalize_url("mysql://h/db").is_err());
+    }
+}

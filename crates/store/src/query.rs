@@ -1,0 +1,501 @@
+//! Reading the store: GPU lists and details, the summary of BRIEF section 4, sources.
+//!
+//! Aggregates come from the hour and day rollups; raw samples are never scanned. A window uses
+//! day rollups for its whole UTC days and hour rollups for the partial days at its edges.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, TimeZone, Utc};
+use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
+use gpuledger_model::{
+    day_floor, hour_floor, Allocation, AttributeProvenance, GpuDetail, GpuState, GpuView,
+    HourPoint, Rate, RateOrigin, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS,
+};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use crate::{Result, Store, StoreError};
+
+pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
+    instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
+    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin";
+
+fn ts(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
+}
+
+pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
+    let labels: String = row.try_get("labels")?;
+    let origin: String = row.try_get("rate_origin")?;
+    let rec = GpuRecord {
+        uuid: row.try_get("uuid")?,
+        model: row.try_get("model")?,
+        memory_mib: row
+            .try_get::<Option<i64>, _>("memory_mib")?
+            .map(|m| m.max(0) as u64),
+        host: row.try_get("host")?,
+        cluster: row.try_get("cluster")?,
+        cloud: row.try_get("cloud")?,
+        region: row.try_get("region")?,
+        instance_type: row.try_get("instance_type")?,
+        serial: row.try_get("serial")?,
+        pci_bus_id: row.try_get("pci_bus_id")?,
+        mig_parent_uuid: row.try_get("mig_parent_uuid")?,
+        mig_profile: row.try_get("mig_profile")?,
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        source: row.try_get("source")?,
+        placeholder: row.try_get::<i64, _>("placeholder")? != 0,
+        first_seen: ts(row.try_get("first_seen")?),
+        last_seen: ts(row.try_get("last_seen")?),
+        team: row.try_get("team")?,
+        env: row.try_get("env")?,
+        owner_reason: row.try_get("owner_reason")?,
+        rate: Rate {
+            usd_per_hour: row.try_get("usd_per_hour")?,
+            origin: serde_json::from_str(&origin).unwrap_or(RateOrigin::Unknown),
+        },
+    };
+    Ok((row.try_get("id")?, rec))
+}
+
+/// Filters shared by every query: each list matches any of its values; empty lists match all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filters {
+    pub team: Vec<String>,
+    pub env: Vec<String>,
+    pub cloud: Vec<String>,
+    pub cluster: Vec<String>,
+    pub model: Vec<String>,
+}
+
+impl Filters {
+    pub fn is_empty(&self) -> bool {
+        self.team.is_empty()
+            && self.env.is_empty()
+            && self.cloud.is_empty()
+            && self.cluster.is_empty()
+            && self.model.is_empty()
+    }
+
+    /// ` AND g.team IN ($n, ...) ...` numbered from `first`, with the values to bind in order.
+    fn clause(&self, first: usize) -> (String, Vec<String>) {
+        let mut sql = String::new();
+        let mut binds = Vec::new();
+        for (col, vals) in [
+            ("team", &self.team),
+            ("env", &self.env),
+            ("cloud", &self.cloud),
+            ("cluster", &self.cluster),
+            ("model", &self.model),
+        ] {
+            if vals.is_empty() {
+                continue;
+            }
+            let marks: Vec<String> = vals
+                .iter()
+                .map(|v| {
+                    binds.push(v.clone());
+                    format!("${}", first + binds.len() - 1)
+                })
+                .collect();
+            sql.push_str(&format!(" AND g.{col} IN ({})", marks.join(",")));
+        }
+        (sql, binds)
+    }
+}
+
+/// A query window `[from, to)`, in unix seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub from: i64,
+    pub to: i64,
+}
+
+impl Window {
+    /// The clock hours counted: those starting in `[hour_floor(from), min(to, now))`.
+    pub fn hours(&self, now: i64) -> (i64, i64) {
+        let lo = hour_floor(self.from);
+        let to = self.to.min(now);
+        let hi = if to <= lo {
+            lo
+        } else {
+            hour_floor(to - 1) + HOUR_SECS
+        };
+        (lo, hi)
+    }
+}
+
+impl Store {
+    fn view(&self, rec: GpuRecord, now: i64) -> GpuView {
+        let stale = self.settings.stale_window_secs;
+        let state = if now - rec.last_seen.timestamp() < stale {
+            GpuState::Present
+        } else {
+            GpuState::Missing
+        };
+        GpuView {
+            uuid: rec.uuid,
+            model: rec.model,
+            memory_mib: rec.memory_mib,
+            host: rec.host,
+            cluster: rec.cluster,
+            cloud: rec.cloud,
+            region: rec.region,
+            instance_type: rec.instance_type,
+            serial: rec.serial,
+            pci_bus_id: rec.pci_bus_id,
+            team: rec.team,
+            env: rec.env,
+            owner_reason: rec.owner_reason,
+            state,
+            first_seen: rec.first_seen,
+            last_seen: rec.last_seen,
+            usd_per_hour: rec.rate.usd_per_hour,
+            rate_origin: rec.rate.origin.label(),
+            mig_parent_uuid: rec.mig_parent_uuid,
+            mig_profile: rec.mig_profile,
+            placeholder: rec.placeholder,
+            source: rec.source,
+            labels: rec.labels,
+        }
+    }
+
+    /// Physical GPUs (and MIG instances when `include_mig`) matching the filters.
+    pub async fn list_gpus(
+        &self,
+        filters: &Filters,
+        include_mig: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuView>> {
+        let (clause, binds) = filters.clause(1);
+        let mig = if include_mig {
+            ""
+        } else {
+            " AND g.mig_parent_uuid IS NULL"
+        };
+        let sql = format!(
+            "SELECT {} FROM gpus g WHERE 1 = 1{mig}{clause} \
+             ORDER BY g.host, g.mig_parent_uuid, g.pci_bus_id, g.uuid",
+            GPU_COLUMNS.replace(", ", ", g.").replacen("id", "g.id", 1)
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for b in binds {
+            q = q.bind(b);
+        }
+        let rows = q.fetch_all(self.pool()).await?;
+        let now = now.timestamp();
+        rows.iter()
+            .map(|r| gpu_from_row(r).map(|(_, rec)| self.view(rec, now)))
+            .collect()
+    }
+
+    /// One GPU with its provenance, MIG children, hourly series and allocations in `window`.
+    pub async fn gpu_detail(
+        &self,
+        uuid: &str,
+        window: Window,
+        now: DateTime<Utc>,
+    ) -> Result<Option<GpuDetail>> {
+        let row =
+            sqlx::query(&self.sql(&format!("SELECT {GPU_COLUMNS} FROM gpus WHERE uuid = $1")))
+                .bind(uuid.to_string())
+                .fetch_optional(self.pool())
+                .await?;
+        let Some(row) = row else { return Ok(None) };
+        let (id, rec) = gpu_from_row(&row)?;
+        let provenance = sqlx::query(&self.sql(
+            "SELECT attribute, value, source, observed_at FROM gpu_attrs WHERE gpu_id = $1 \
+             ORDER BY attribute, observed_at DESC",
+        ))
+        .bind(id)
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(AttributeProvenance {
+                attribute: r.try_get("attribute")?,
+                value: r.try_get("value")?,
+                source: r.try_get("source")?,
+                observed_at: ts(r.try_get("observed_at")?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        let mig_children: Vec<String> = sqlx::query_scalar(
+            &self
+                .sql("SELECT uuid FROM gpus WHERE mig_parent_uuid = $1 ORDER BY mig_profile, uuid"),
+        )
+        .bind(uuid.to_string())
+        .fetch_all(self.pool())
+        .await?;
+        let (lo, hi) = window.hours(now.timestamp());
+        let hours = sqlx::query(&self.sql(
+            "SELECT hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
+             FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND hour < $3 ORDER BY hour",
+        ))
+        .bind(id)
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            let act_n: i64 = r.try_get("act_n")?;
+            let act_sum: f64 = r.try_get("act_sum")?;
+            let power_n: i64 = r.try_get("power_n")?;
+            let power_sum: f64 = r.try_get("power_sum")?;
+            Ok(HourPoint {
+                hour: ts(r.try_get("hour")?),
+                samples: r.try_get("samples")?,
+                activity_pct: (act_n > 0).then(|| act_sum / act_n as f64),
+                mem_used_mib_max: r.try_get("mem_max")?,
+                power_w_avg: (power_n > 0).then(|| power_sum / power_n as f64),
+                allocated: r.try_get::<i64, _>("allocated")? != 0,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        let allocations = sqlx::query(&self.sql(
+            "SELECT start_ts, end_ts, workload, kind, user_name, team, source FROM allocations \
+             WHERE gpu_id = $1 AND start_ts < $3 AND (end_ts IS NULL OR end_ts > $2) \
+             ORDER BY start_ts, workload",
+        ))
+        .bind(id)
+        .bind(window.from)
+        .bind(window.to)
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(Allocation {
+                gpu_uuid: uuid.to_string(),
+                start: ts(r.try_get("start_ts")?),
+                end: r.try_get::<Option<i64>, _>("end_ts")?.map(ts),
+                workload: r.try_get("workload")?,
+                kind: r.try_get("kind")?,
+                user: r.try_get("user_name")?,
+                team: r.try_get("team")?,
+                source: r.try_get("source")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+        Ok(Some(GpuDetail {
+            gpu: self.view(rec, now.timestamp()),
+            from: ts(window.from),
+            to: ts(window.to),
+            provenance,
+            mig_children,
+            hours,
+            allocations,
+        }))
+    }
+
+    /// Per physical GPU counts over the window, from day rollups for whole days and hour
+    /// rollups for the edges.
+    pub async fn gpu_windows(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
+        let (lo, hi) = window.hours(now.timestamp());
+        let mut d_lo = day_floor(lo);
+        if d_lo < lo {
+            d_lo += DAY_SECS;
+        }
+        let d_hi = day_floor(hi);
+        // Hours outside the whole days: [lo, d_lo) and [d_hi, hi); all of [lo, hi) when the
+        // window holds no whole day.
+        let (d_lo, d_hi, e1, e2) = if d_lo < d_hi {
+            (d_lo, d_hi, (lo, d_lo), (d_hi, hi))
+        } else {
+            (0, 0, (lo, hi), (0, 0))
+        };
+        let (clause, binds) = filters.clause(8);
+        let sql = format!(
+            "SELECT g.team, g.env, g.cloud, g.cluster, g.model, g.usd_per_hour, \
+             CAST(SUM(x.present) AS BIGINT) AS present, CAST(SUM(x.known) AS BIGINT) AS known, \
+             CAST(SUM(x.idle) AS BIGINT) AS idle, CAST(SUM(x.alloc) AS BIGINT) AS alloc, \
+             CAST(SUM(x.alloc_idle) AS BIGINT) AS alloc_idle, \
+             CAST(SUM(x.act) AS DOUBLE PRECISION) AS act \
+             FROM (\
+               SELECT gpu_id, present_hours AS present, known_hours AS known, idle_hours AS idle, \
+               allocated_hours AS alloc, allocated_idle_hours AS alloc_idle, act_sum AS act \
+               FROM gpu_days WHERE day >= $1 AND day < $2 \
+               UNION ALL \
+               SELECT gpu_id, 1, CASE WHEN act_n > 0 THEN 1 ELSE 0 END, \
+               CASE WHEN act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, allocated, \
+               CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, \
+               CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END \
+               FROM gpu_hours WHERE (hour >= $3 AND hour < $4) OR (hour >= $5 AND hour < $6)\
+             ) x JOIN gpus g ON g.id = x.gpu_id \
+             WHERE g.mig_parent_uuid IS NULL{clause} \
+             GROUP BY g.id, g.team, g.env, g.cloud, g.cluster, g.model, g.usd_per_hour"
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query(&sql)
+            .persistent(false)
+            .bind(d_lo)
+            .bind(d_hi)
+            .bind(e1.0)
+            .bind(e1.1)
+            .bind(e2.0)
+            .bind(e2.1)
+            .bind(self.settings.idle_threshold_pct);
+        for b in binds {
+            q = q.bind(b);
+        }
+        let rows = q.fetch_all(self.pool()).await?;
+        rows.iter()
+            .map(|r| {
+                let known: i64 = r.try_get("known")?;
+                let idle: i64 = r.try_get("idle")?;
+                Ok(GpuWindow {
+                    team: r.try_get("team")?,
+                    env: r.try_get("env")?,
+                    cloud: r.try_get("cloud")?,
+                    cluster: r.try_get("cluster")?,
+                    model: r.try_get("model")?,
+                    usd_per_hour: r.try_get("usd_per_hour")?,
+                    present_hours: r.try_get("present")?,
+                    busy_hours: known - idle,
+                    idle_hours: idle,
+                    allocated_hours: r.try_get("alloc")?,
+                    allocated_idle_hours: r.try_get("alloc_idle")?,
+                    known_hours: known,
+                    activity_sum: r.try_get("act")?,
+                })
+            })
+            .collect()
+    }
+
+    /// `GET /api/v1/summary`: groups and total over the window, by BRIEF section 4.
+    pub async fn summary(
+        &self,
+        window: Window,
+        filters: &Filters,
+        group_by: GroupBy,
+        now: DateTime<Utc>,
+    ) -> Result<Summary> {
+        let windows = self.gpu_windows(window, filters, now).await?;
+        let (groups, total) = summarize(&windows, group_by);
+        Ok(Summary {
+            from: ts(window.from),
+            to: ts(window.to.min(now.timestamp())),
+            group_by: group_by.as_str().to_string(),
+            idle_threshold_pct: self.settings.idle_threshold_pct,
+            groups,
+            total,
+        })
+    }
+
+    /// Every source with its freshness against the objective.
+    pub async fn sources(&self, now: DateTime<Utc>) -> Result<Vec<SourceView>> {
+        let rows = sqlx::query(
+            "SELECT s.name, s.kind, s.last_success, s.last_error, s.last_error_at, \
+             (SELECT COUNT(*) FROM gpus g WHERE g.source = s.name AND g.mig_parent_uuid IS NULL) AS gpus \
+             FROM sources s ORDER BY s.name",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        let now = now.timestamp();
+        rows.iter()
+            .map(|r| {
+                let last_success: Option<i64> = r.try_get("last_success")?;
+                let last_error_at: Option<i64> = r.try_get("last_error_at")?;
+                let lag = last_success.map(|s| (now - s).max(0));
+                let status = match (last_success, last_error_at) {
+                    (None, _) => SourceStatus::Never,
+                    (Some(s), Some(e)) if e > s => SourceStatus::Error,
+                    (Some(_), _) if lag.unwrap_or(0) > self.settings.freshness_objective_secs => {
+                        SourceStatus::Stale
+                    }
+                    _ => SourceStatus::Ok,
+                };
+                Ok(SourceView {
+                    name: r.try_get("name")?,
+                    kind: r.try_get("kind")?,
+                    last_success: last_success.map(ts),
+                    lag_secs: lag,
+                    status,
+                    last_error: r.try_get("last_error")?,
+                    last_error_at: last_error_at.map(ts),
+                    gpus: r.try_get("gpus")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Distinct values of a GPU attribute, for filter pickers.
+    pub async fn distinct(&self, column: &str) -> Result<Vec<String>> {
+        if !GroupBy::NAMES.contains(&column) {
+            return Err(StoreError::Invalid(format!(
+                "cannot list values of `{column}`"
+            )));
+        }
+        let sql = format!(
+            "SELECT DISTINCT {column} FROM gpus WHERE {column} IS NOT NULL ORDER BY {column}"
+        );
+        Ok(sqlx::query_scalar(&sql).fetch_all(self.pool()).await?)
+    }
+
+    /// Re-derive owner, environment and rate of every GPU from its stored attributes.
+    pub(crate) async fn rederive_all_gpus(&self) -> Result<()> {
+        let rows = sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus"))
+            .fetch_all(self.pool())
+            .await?;
+        let mut changed: BTreeMap<i64, GpuRecord> = BTreeMap::new();
+        for row in &rows {
+            let (id, rec) = gpu_from_row(row)?;
+            let mut again = rec.clone();
+            if !again.placeholder {
+                again.rederive(&self.settings);
+            } else {
+                again.rate = self.settings.rates.rate_for(&again.model);
+            }
+            if again != rec {
+                changed.insert(id, again);
+            }
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            gpus = changed.len(),
+            "re-derived owner, environment or rate"
+        );
+        let mut tx = self.pool().begin().await?;
+        for rec in changed.values() {
+            self.upsert_gpu(&mut tx, rec).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_hours_clip_to_now_and_include_partial_hours() {
+        let w = Window {
+            from: 3600 + 10,
+            to: 3 * 3600 + 1,
+        };
+        assert_eq!(w.hours(10 * 3600), (3600, 4 * 3600));
+        assert_eq!(w.hours(2 * 3600), (3600, 2 * 3600));
+        assert_eq!(w.hours(0), (3600, 3600));
+    }
+
+    #[test]
+    fn filter_clause_numbers_from_first() {
+        let f = Filters {
+            team: vec!["a".into(), "b".into()],
+            model: vec!["m".into()],
+            ..Default::default()
+        };
+        let (sql, binds) = f.clause(3);
+        assert_eq!(sql, " AND g.team IN ($3,$4) AND g.model IN ($5)");
+        assert_eq!(binds, ["a", "b", "m"]);
+    }
+}

@@ -1,0 +1,614 @@
+//! The store test suite. Every test runs twice: on SQLite (a fresh file) and on PostgreSQL (a
+//! fresh schema in the database named by `GPULEDGER_TEST_PG_URL`; the README's test command sets
+//! it to the local server). Without that variable the PostgreSQL half says it was skipped.
+//!
+//! Map: `scenario_*` pins the figures of BRIEF section 4 on a fleet computed by hand; `ingest_*`
+//! the push contract (idempotency, scopes, sources); `rollup_*` late data and retention;
+//! `placeholder_*` identity merge.
+
+use chrono::{DateTime, Duration, Utc};
+use gpuledger_ledger::{validate_body, GroupBy, Settings};
+use gpuledger_model::{SourceStatus, SummaryGroup};
+use gpuledger_store::{Filters, Principal, Store, Window};
+
+fn t(s: &str) -> DateTime<Utc> {
+    s.parse().unwrap()
+}
+
+fn now() -> DateTime<Utc> {
+    t("2026-12-02T12:00:00Z")
+}
+
+async fn sqlite() -> (Store, tempdir::Dir) {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}/test.db", dir.0.display());
+    (Store::open(&url, Settings::default()).await.unwrap(), dir)
+}
+
+async fn postgres(name: &str) -> Option<Store> {
+    let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+        eprintln!("skipped: PostgreSQL half of `{name}` (set GPULEDGER_TEST_PG_URL to run it)");
+        return None;
+    };
+    let schema = format!("t_{}_{}", name, std::process::id());
+    Store::drop_schema(&url, &schema)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
+    Some(
+        Store::open_in_schema(&url, Some(&schema), Settings::default())
+            .await
+            .unwrap(),
+    )
+}
+
+/// A throwaway directory removed on drop (kept tiny to avoid a dependency).
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Dir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "gpuledger-store-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                let (store, _dir) = super::sqlite().await;
+                super::$name(store).await;
+            }
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(store) = super::postgres(stringify!($name)).await {
+                    super::$name(store).await;
+                }
+            }
+        }
+    )*};
+}
+
+both!(
+    scenario_summary_matches_hand_computation,
+    ingest_resend_changes_nothing,
+    ingest_scopes_refuse_other_teams,
+    ingest_other_source_cannot_overwrite,
+    ingest_unknown_gpu_samples_are_rejected_and_rest_kept,
+    rollup_late_sample_rerolls_its_hour,
+    rollup_retention_refuses_and_prunes_old_samples,
+    placeholder_replaced_by_real_gpu_on_same_host,
+    sources_report_freshness,
+    gpus_list_filters_and_detail,
+);
+
+fn who(source: &str, teams: Option<&[&str]>) -> Principal {
+    Principal {
+        source: source.into(),
+        teams: teams.map(|t| t.iter().map(|s| s.to_string()).collect()),
+        kind: "push".into(),
+    }
+}
+
+async fn push(store: &Store, p: &Principal, json: &str) -> gpuledger_store::IngestOutcome {
+    push_at(store, p, json, now()).await
+}
+
+async fn push_at(
+    store: &Store,
+    p: &Principal,
+    json: &str,
+    at: DateTime<Utc>,
+) -> gpuledger_store::IngestOutcome {
+    let map = gpuledger_ledger::decode_body(json.as_bytes(), None, Default::default()).unwrap();
+    store
+        .ingest(p, validate_body(map, at, 300), at)
+        .await
+        .unwrap()
+}
+
+const A: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000001";
+const B: &str = "GPU-bbbbbbbb-0000-0000-0000-000000000002";
+const C: &str = "GPU-cccccccc-0000-0000-0000-000000000003";
+const A_MIG: &str = "MIG-aaaaaaaa-0000-0000-0000-0000000000a1";
+
+/// The hand-computed fleet (see `docs/definitions.md` for the same figures worked out):
+/// - A (nlp/prod, H100 at $12.29/h): present 00:00–05:59 on 2026-12-01 (6 h; the stale window
+///   of 2 h extends each observation). Hour 00 = mean(50, 70) = 60 busy; hour 01 = 2 idle;
+///   hour 02 = mean(3, 0.01×100) = 2 idle; hours 03–05 have no activity: unknown. Allocation
+///   01:15–02:10 covers hours 01 and 02, both idle: 2 allocated, 2 allocated-idle.
+/// - B (vision/dev, T4 at $0.35/h): present 10:00–14:59 (5 h). Hour 10 = 100 busy; hour 11 =
+///   4.9 idle; hour 12 = 0.05×100 = 5.0, not below 5 %: busy; 13–14 unknown. An open
+///   allocation from 11:00 covers 11–14: 4 allocated, 1 allocated-idle.
+/// - C (nlp, no env, unknown model: no rate) present 20:00–21:59 (2 h), unknown, unpriced.
+/// - A MIG instance of A, never counted as a GPU.
+const SCENARIO: &str = r#"{
+  "gpus": [
+    {"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "model": "NVIDIA H100 80GB HBM3",
+     "memory_mib": 81559, "host": "node-a", "cluster": "c1", "cloud": "aws", "region": "us-east-1",
+     "labels": {"team": "nlp", "env": "prod"}, "observed_at": "2026-12-01T00:00:00Z"},
+    {"uuid": "MIG-aaaaaaaa-0000-0000-0000-0000000000a1", "model": "NVIDIA H100 80GB HBM3",
+     "host": "node-a", "mig_parent_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001",
+     "mig_profile": "1g.10gb", "labels": {"team": "nlp"}, "observed_at": "2026-12-01T00:00:00Z"},
+    {"uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000002", "model": "Tesla T4", "host": "node-b",
+     "cluster": "c2", "cloud": "gcp", "labels": {"team": "vision", "env": "dev"},
+     "observed_at": "2026-12-01T10:00:00Z"},
+    {"uuid": "GPU-cccccccc-0000-0000-0000-000000000003", "model": "Mystery GPU", "host": "node-c",
+     "cluster": "c1", "cloud": "onprem", "labels": {"team": "nlp"},
+     "observed_at": "2026-12-01T20:00:00Z"}
+  ],
+  "samples": [
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T00:10:00Z", "util_pct": 50},
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T00:40:00Z", "util_pct": 70},
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T01:30:00Z", "util_pct": 2},
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T02:10:00Z", "util_pct": 3},
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T02:50:00Z", "util_pct": 80, "sm_active": 0.01},
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T03:30:00Z", "power_w": 70},
+    {"gpu_uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000002", "ts": "2026-12-01T10:30:00Z", "util_pct": 100},
+    {"gpu_uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000002", "ts": "2026-12-01T11:30:00Z", "util_pct": 4.9},
+    {"gpu_uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000002", "ts": "2026-12-01T12:30:00Z", "sm_active": 0.05}
+  ],
+  "allocations": [
+    {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "start": "2026-12-01T01:15:00Z",
+     "end": "2026-12-01T02:10:00Z", "workload": "nlp-prod/ft-0", "kind": "pod", "user": "alice", "team": "nlp"},
+    {"gpu_uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000002", "start": "2026-12-01T11:00:00Z",
+     "end": null, "workload": "12345", "kind": "slurm_job", "user": "bob", "team": "vision"}
+  ]
+}"#;
+
+fn group<'a>(groups: &'a [SummaryGroup], key: &str) -> &'a SummaryGroup {
+    groups
+        .iter()
+        .find(|g| g.key == key)
+        .unwrap_or_else(|| panic!("no group {key}"))
+}
+
+fn day() -> Window {
+    Window {
+        from: t("2026-12-01T00:00:00Z").timestamp(),
+        to: t("2026-12-02T00:00:00Z").timestamp(),
+    }
+}
+
+async fn scenario_summary_matches_hand_computation(store: Store) {
+    let out = push(&store, &who("hand", None), SCENARIO).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    assert_eq!(
+        (
+            out.accepted.gpus,
+            out.accepted.samples,
+            out.accepted.allocations
+        ),
+        (4, 9, 2)
+    );
+
+    // One whole day (read from day rollups) and a window whose edges are partial days (read
+    // from hour rollups around a whole day) must give the same figures.
+    let wide = Window {
+        from: t("2026-11-30T12:00:00Z").timestamp(),
+        to: t("2026-12-02T06:00:00Z").timestamp(),
+    };
+    for window in [day(), wide] {
+        let s = store
+            .summary(window, &Filters::default(), GroupBy::Team, now())
+            .await
+            .unwrap();
+        let nlp = group(&s.groups, "nlp");
+        assert_eq!(
+            (
+                nlp.gpus,
+                nlp.gpu_hours,
+                nlp.busy_hours,
+                nlp.idle_hours,
+                nlp.unknown_hours
+            ),
+            (2, 8, 1, 2, 5)
+        );
+        assert_eq!((nlp.allocated_hours, nlp.allocated_idle_hours), (2, 2));
+        assert_eq!(nlp.avg_activity_pct, Some(21.33));
+        assert_eq!((nlp.cost_usd, nlp.idle_cost_usd), (73.74, 24.58));
+        assert_eq!(
+            (nlp.allocated_idle_cost_usd, nlp.unpriced_gpu_hours),
+            (24.58, 2)
+        );
+        let vision = group(&s.groups, "vision");
+        assert_eq!(
+            (
+                vision.gpus,
+                vision.gpu_hours,
+                vision.busy_hours,
+                vision.idle_hours,
+                vision.unknown_hours
+            ),
+            (1, 5, 2, 1, 2)
+        );
+        assert_eq!(
+            (vision.allocated_hours, vision.allocated_idle_hours),
+            (4, 1)
+        );
+        assert_eq!(vision.avg_activity_pct, Some(36.63));
+        assert_eq!((vision.cost_usd, vision.idle_cost_usd), (1.75, 0.35));
+        let tot = &s.total;
+        assert_eq!(
+            (tot.gpus, tot.gpu_hours, tot.busy_hours, tot.idle_hours),
+            (3, 13, 3, 3)
+        );
+        assert_eq!(
+            (
+                tot.unknown_hours,
+                tot.allocated_hours,
+                tot.allocated_idle_hours
+            ),
+            (7, 6, 3)
+        );
+        assert_eq!(tot.avg_activity_pct, Some(28.98));
+        assert_eq!((tot.cost_usd, tot.idle_cost_usd), (75.49, 24.93));
+    }
+
+    // Inside a day: hours only.
+    let part = Window {
+        from: t("2026-12-01T01:00:00Z").timestamp(),
+        to: t("2026-12-01T12:00:00Z").timestamp(),
+    };
+    let s = store
+        .summary(part, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(group(&s.groups, "nlp").gpu_hours, 5);
+    assert_eq!(group(&s.groups, "nlp").idle_hours, 2);
+    assert_eq!(group(&s.groups, "vision").gpu_hours, 2);
+
+    // Other groupings and filters.
+    let by_env = store
+        .summary(day(), &Filters::default(), GroupBy::Env, now())
+        .await
+        .unwrap();
+    let keys: Vec<&str> = by_env.groups.iter().map(|g| g.key.as_str()).collect();
+    assert_eq!(keys, ["prod", "dev", "unknown"]);
+    let f = Filters {
+        cloud: vec!["gcp".into(), "onprem".into()],
+        ..Default::default()
+    };
+    let s = store
+        .summary(day(), &f, GroupBy::Cluster, now())
+        .await
+        .unwrap();
+    assert_eq!((s.total.gpus, s.total.gpu_hours), (2, 7));
+    assert_eq!(group(&s.groups, "c1").unpriced_gpu_hours, 2);
+}
+
+async fn ingest_resend_changes_nothing(store: Store) {
+    let first = push(&store, &who("hand", None), SCENARIO).await;
+    let before = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let again = push(&store, &who("hand", None), SCENARIO).await;
+    assert_eq!(again.accepted, first.accepted);
+    assert_eq!(
+        (
+            again.duplicates.gpus,
+            again.duplicates.samples,
+            again.duplicates.allocations
+        ),
+        (4, 9, 2)
+    );
+    let after = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+}
+
+async fn ingest_scopes_refuse_other_teams(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    // A token granted nlp only may not write vision's GPU, nor samples for it.
+    let nlp_only = who("hand", Some(&["nlp"]));
+    let out = push(
+        &store,
+        &nlp_only,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{B}","model":"Tesla T4","labels":{{"team":"vision"}},"observed_at":"2026-12-02T11:00:00Z"}}],
+                "samples":[{{"gpu_uuid":"{B}","ts":"2026-12-02T11:00:00Z","util_pct":10}}]}}"#
+        ),
+    )
+    .await;
+    assert!(out.nothing_allowed());
+    assert_eq!(out.rejected.len(), 2);
+    assert!(
+        out.rejected[0].reason.contains("owned by team `vision`"),
+        "{:?}",
+        out.rejected
+    );
+    // Nor may it create a GPU for another team; its own team's records go through.
+    let out = push(
+        &store,
+        &nlp_only,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"GPU-dddd","model":"Tesla T4","labels":{{"team":"speech"}},"observed_at":"2026-12-02T11:00:00Z"}}],
+                "samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T11:00:00Z","util_pct":10}}]}}"#
+        ),
+    )
+    .await;
+    assert!(!out.nothing_allowed());
+    assert_eq!(out.accepted.samples, 1);
+    assert_eq!(out.rejected[0].path, "gpus[0].labels.team");
+}
+
+async fn ingest_other_source_cannot_overwrite(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    let other = who("other", None);
+    let out = push(
+        &store,
+        &other,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"renamed","serial":"S-1","labels":{{"team":"vision","rack":"r7"}},"observed_at":"2026-12-02T11:00:00Z"}}],
+                "allocations":[{{"gpu_uuid":"{A}","start":"2026-12-01T01:15:00Z","end":null,"workload":"nlp-prod/ft-0","kind":"pod"}}]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus, 1);
+    assert_eq!(out.rejected.len(), 1);
+    assert!(out.rejected[0].reason.contains("reported by source `hand`"));
+    let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    assert_eq!(d.gpu.model, "NVIDIA H100 80GB HBM3");
+    assert_eq!(d.gpu.team, "nlp");
+    assert_eq!(
+        d.gpu.serial.as_deref(),
+        Some("S-1"),
+        "gaps are filled by other sources"
+    );
+    assert_eq!(d.gpu.labels.get("rack").map(String::as_str), Some("r7"));
+    assert_eq!(d.allocations[0].end, Some(t("2026-12-01T02:10:00Z")));
+    let serial = d
+        .provenance
+        .iter()
+        .find(|p| p.attribute == "serial")
+        .unwrap();
+    assert_eq!(
+        (serial.source.as_str(), serial.value.as_str()),
+        ("other", "S-1")
+    );
+    let model: Vec<&str> = d
+        .provenance
+        .iter()
+        .filter(|p| p.attribute == "model")
+        .map(|p| p.source.as_str())
+        .collect();
+    assert_eq!(model, ["other", "hand"]);
+}
+
+async fn ingest_unknown_gpu_samples_are_rejected_and_rest_kept(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    let out = push(
+        &store,
+        &who("hand", None),
+        &format!(
+            r#"{{"samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T10:00:00Z","util_pct":10}},
+                            {{"gpu_uuid":"GPU-nope","ts":"2026-12-02T10:00:00Z","util_pct":10}},
+                            {{"gpu_uuid":"{A}","ts":"2026-12-02T10:01:00Z","util_pct":101}}]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(out.accepted.samples, 1);
+    let paths: Vec<&str> = out.rejected.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["samples[2].util_pct", "samples[1].gpu_uuid"]);
+}
+
+async fn rollup_late_sample_rerolls_its_hour(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    // Hour 01 of A was idle (2 %); a late sample of 90 % makes it (2 + 90) / 2 = 46: busy.
+    push(
+        &store,
+        &who("hand", None),
+        &format!(
+            r#"{{"samples":[{{"gpu_uuid":"{A}","ts":"2026-12-01T01:45:00Z","util_pct":90}}]}}"#
+        ),
+    )
+    .await;
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = group(&s.groups, "nlp");
+    assert_eq!(
+        (nlp.busy_hours, nlp.idle_hours, nlp.allocated_idle_hours),
+        (2, 1, 1)
+    );
+    let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    let h1 = d
+        .hours
+        .iter()
+        .find(|h| h.hour == t("2026-12-01T01:00:00Z"))
+        .unwrap();
+    assert_eq!(
+        (h1.samples, h1.activity_pct, h1.allocated),
+        (2, Some(46.0), true)
+    );
+    let h3 = d
+        .hours
+        .iter()
+        .find(|h| h.hour == t("2026-12-01T03:00:00Z"))
+        .unwrap();
+    assert_eq!((h3.activity_pct, h3.power_w_avg), (None, Some(70.0)));
+}
+
+async fn rollup_retention_refuses_and_prunes_old_samples(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    let later = now() + Duration::days(15);
+    let out = push_at(
+        &store,
+        &who("hand", None),
+        &format!(
+            r#"{{"samples":[{{"gpu_uuid":"{A}","ts":"2026-12-01T05:00:00Z","util_pct":90}}]}}"#
+        ),
+        later,
+    )
+    .await;
+    assert_eq!(out.accepted.samples, 0);
+    assert!(out.rejected[0]
+        .reason
+        .contains("older than the raw-sample retention (14 days)"));
+    let (raw, _) = store.prune(later.timestamp()).await.unwrap();
+    assert_eq!(raw, 9);
+    // Rollups outlive raw samples.
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, later)
+        .await
+        .unwrap();
+    assert_eq!(s.total.gpu_hours, 13);
+}
+
+async fn placeholder_replaced_by_real_gpu_on_same_host(store: Store) {
+    let k8s = who("k8s", None);
+    let made = store
+        .observe_host_gpu_count(
+            &k8s,
+            "node-p",
+            2,
+            Some("NVIDIA L4"),
+            Some("c9"),
+            t("2026-12-01T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(made, 2);
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    assert_eq!(gpus.iter().filter(|g| g.placeholder).count(), 2);
+    assert_eq!(gpus[0].usd_per_hour, Some(0.8048));
+    // A UUID-aware source names one GPU of that host: one placeholder goes, its history moves.
+    push(
+        &store,
+        &who("dcgm", None),
+        r#"{"gpus":[{"uuid":"GPU-real-1","model":"NVIDIA L4","host":"node-p","labels":{"team":"nlp"},"observed_at":"2026-12-01T03:00:00Z"}]}"#,
+    )
+    .await;
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus.iter().filter(|g| g.placeholder).count(), 1);
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    // Real GPU: placeholder hours 00–01 plus its own 03–04; the remaining placeholder 00–01.
+    assert_eq!(group(&s.groups, "nlp").gpu_hours, 4);
+    assert_eq!(group(&s.groups, "unowned").gpu_hours, 2);
+    // The count source reporting again keeps one placeholder, not two.
+    let made = store
+        .observe_host_gpu_count(
+            &k8s,
+            "node-p",
+            2,
+            Some("NVIDIA L4"),
+            None,
+            t("2026-12-01T04:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(made, 1);
+    assert_eq!(
+        store
+            .list_gpus(&Filters::default(), false, now())
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+async fn sources_report_freshness(store: Store) {
+    push_at(
+        &store,
+        &who("hand", None),
+        SCENARIO,
+        t("2026-12-02T09:00:00Z"),
+    )
+    .await;
+    push(
+        &store,
+        &who("fresh", None),
+        r#"{"gpus":[{"uuid":"GPU-f","model":"NVIDIA L4","observed_at":"2026-12-02T11:59:00Z"}]}"#,
+    )
+    .await;
+    push(
+        &store,
+        &who("broken", None),
+        r#"{"samples":[{"gpu_uuid":"GPU-zz","ts":"2026-12-02T11:00:00Z"}]}"#,
+    )
+    .await;
+    let s = store.sources(now()).await.unwrap();
+    let by = |n: &str| s.iter().find(|x| x.name == n).unwrap().clone();
+    assert_eq!(
+        (by("hand").status, by("hand").lag_secs, by("hand").gpus),
+        (SourceStatus::Stale, Some(3 * 3600), 3)
+    );
+    assert_eq!(by("fresh").status, SourceStatus::Ok);
+    assert_eq!(by("broken").status, SourceStatus::Never);
+    assert!(by("broken")
+        .last_error
+        .unwrap()
+        .contains("no GPU GPU-zz has been reported"));
+}
+
+async fn gpus_list_filters_and_detail(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    let all = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    let a = all.iter().find(|g| g.uuid == A).unwrap();
+    assert_eq!(a.state, gpuledger_model::GpuState::Missing);
+    assert_eq!((a.team.as_str(), a.env.as_str()), ("nlp", "prod"));
+    assert!(
+        a.owner_reason.starts_with("owner: nlp — label `team=nlp`"),
+        "{}",
+        a.owner_reason
+    );
+    assert_eq!(a.rate_origin, "built-in default (H100)");
+    let with_mig = store
+        .list_gpus(&Filters::default(), true, now())
+        .await
+        .unwrap();
+    assert_eq!(with_mig.len(), 4);
+    let f = Filters {
+        team: vec!["vision".into()],
+        ..Default::default()
+    };
+    let v = store.list_gpus(&f, false, now()).await.unwrap();
+    assert_eq!(v.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(), [B]);
+    let f = Filters {
+        model: vec!["Mystery GPU".into()],
+        env: vec!["unknown".into()],
+        ..Default::default()
+    };
+    assert_eq!(store.list_gpus(&f, false, now()).await.unwrap()[0].uuid, C);
+    let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    assert_eq!(d.mig_children, [A_MIG]);
+    assert_eq!(d.hours.len(), 6);
+    assert_eq!(d.allocations.len(), 1);
+    assert!(store
+        .gpu_detail("GPU-none", day(), now())
+        .await
+        .unwrap()
+        .is_none());
+}
