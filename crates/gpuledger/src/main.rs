@@ -1,1 +1,335 @@
-fn main() {}
+//! The `gpuledger` binary: flags are parsed first, then one subcommand wires the crates
+//! together. Everything else lives in the library crates.
+
+mod config;
+mod demo;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use gpuledger_store::{Role, Store};
+use gpuledger_web::{AppState, WebConfig};
+
+#[derive(Parser)]
+#[command(name = "gpuledger", version, about = "Know every GPU you have: inventory, utilization, allocations and cost in one place")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the hub: push API, query API and dashboard.
+    Serve(ServeArgs),
+    /// Manage tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Run the hub on a simulated fleet (30 days of history, live samples every minute).
+    Demo(DemoArgs),
+    /// Run the configured pull collectors.
+    Collect(CollectArgs),
+    /// Validate a config file and print every problem with its location.
+    CheckConfig {
+        /// The config file (TOML).
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct DbArgs {
+    /// Database: a SQLite file path or sqlite://PATH (default gpuledger.db), or postgres://...
+    #[arg(long, env = "GPULEDGER_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Config file (TOML); see docs/configuration.md.
+    #[arg(long, env = "GPULEDGER_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on (default 127.0.0.1:8080).
+    #[arg(long)]
+    listen: Option<String>,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Mint a token; it is printed once, as the last line, and stored only as a hash.
+    Create {
+        /// The source the token writes for (its name on the sources page).
+        #[arg(long)]
+        source: String,
+        /// Restrict writes to GPUs of this team (repeat for more).
+        #[arg(long = "team")]
+        teams: Vec<String>,
+        /// A read-only token, for installs that require tokens to read.
+        #[arg(long)]
+        viewer: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Seed of the simulated fleet.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Days of history to load.
+    #[arg(long, default_value_t = 30)]
+    days: i64,
+    /// Database for the demo (default: a fresh SQLite file in the temp directory).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Load the history, print the summary and exit instead of serving.
+    #[arg(long)]
+    load_only: bool,
+}
+
+#[derive(Args)]
+struct CollectArgs {
+    /// Config file naming the collectors.
+    #[arg(long, env = "GPULEDGER_CONFIG")]
+    config: PathBuf,
+    /// Run each collector once and exit.
+    #[arg(long)]
+    once: bool,
+    /// Print observations as JSON lines instead of storing them.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<config::Config> {
+    match path {
+        Some(p) => config::load(p),
+        None => Ok(config::Config::default()),
+    }
+}
+
+fn database_url(flag: Option<String>, cfg: &config::Config) -> String {
+    flag.or_else(|| cfg.database_url.clone())
+        .unwrap_or_else(|| "gpuledger.db".to_string())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}
+
+/// Prune past retention every hour while serving.
+fn spawn_maintenance(store: Store) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            match store.prune(chrono::Utc::now().timestamp()).await {
+                Ok((raw, hours)) => tracing::debug!(raw, hours, "pruned past retention"),
+                Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
+            }
+        }
+    });
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let cfg = load_config(args.db.config.as_ref())?;
+    let url = database_url(args.db.database_url, &cfg);
+    let listen = args.listen.or(cfg.listen.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
+    if !cfg.collectors.is_empty() {
+        anyhow::bail!("the config names pull collectors, but this build has none; remove [[collectors]]");
+    }
+    let store = Store::open(&url, cfg.settings.clone())
+        .await
+        .with_context(|| format!("opening database {url}"))?;
+    spawn_maintenance(store.clone());
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    tracing::info!(listen = %listen, database = %url, "gpuledger serving");
+    println!("gpuledger serving on http://{}", listener.local_addr()?);
+    gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn token_create(source: String, teams: Vec<String>, viewer: bool, db: DbArgs) -> anyhow::Result<()> {
+    let cfg = load_config(db.config.as_ref())?;
+    let url = database_url(db.database_url, &cfg);
+    let store = Store::open(&url, cfg.settings).await.with_context(|| format!("opening database {url}"))?;
+    let role = if viewer { Role::Viewer } else { Role::Ingest };
+    let token = store.create_token(role, &source, &teams).await?;
+    let scope = if viewer {
+        "read-only".to_string()
+    } else if teams.is_empty() {
+        format!("writes for source `{source}`, any team")
+    } else {
+        format!("writes for source `{source}`, teams: {}", teams.join(", "))
+    };
+    println!("token created ({scope}); it is shown only now:");
+    println!("{token}");
+    Ok(())
+}
+
+async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+    let mut settings = gpuledger_ledger::Settings::default();
+    // The demo pushes its whole 30-day history as raw samples, so keep raw samples that long.
+    settings.raw_retention_days = settings.raw_retention_days.max(args.days + 2);
+    let url = args.database_url.clone().unwrap_or_else(|| {
+        let path = std::env::temp_dir().join(format!("gpuledger-demo-{}.db", std::process::id()));
+        path.display().to_string()
+    });
+    let store = Store::open(&url, settings).await.with_context(|| format!("opening database {url}"))?;
+    let state = AppState::new(store.clone(), WebConfig { demo: true, ..Default::default() });
+    let started = std::time::Instant::now();
+    let demo = demo::load(&state, args.seed, args.days).await?;
+    let gpus: u32 = demo.hosts.iter().map(|h| h.gpus).sum();
+    tracing::info!(gpus, hosts = demo.hosts.len(), secs = started.elapsed().as_secs_f64(), "demo history loaded");
+    if args.load_only {
+        let t = std::time::Instant::now();
+        let now = state.now();
+        let window = gpuledger_store::Window { from: (now - chrono::Duration::days(30)).timestamp(), to: now.timestamp() };
+        let s = store
+            .summary(window, &Default::default(), gpuledger_ledger::GroupBy::Team, now)
+            .await?;
+        let took = t.elapsed();
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        eprintln!("summary of 30 days over {gpus} GPUs took {:.1} ms", took.as_secs_f64() * 1000.0);
+        return Ok(());
+    }
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("gpuledger demo: {gpus} simulated GPUs, {} days of history (demo data)", args.days);
+    println!("dashboard:    http://{addr}/");
+    println!("api:          http://{addr}/api/v1/summary");
+    println!("push with:    curl -H 'Authorization: Bearer {}' -H 'Content-Type: application/json' -d @body.json http://{addr}/api/v1/ingest", demo.push_token);
+    println!("ingest token: {}", demo.push_token);
+    let live_state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if let Err(e) = demo::live_round(&live_state, &demo, live_state.now()).await {
+                tracing::warn!(error = %e, "demo live round failed");
+            }
+        }
+    });
+    spawn_maintenance(store);
+    gpuledger_web::serve(listener, state, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn collect(args: CollectArgs) -> anyhow::Result<()> {
+    let cfg = config::load(&args.config)?;
+    if !args.once || !args.dry_run {
+        anyhow::bail!(
+            "only `collect --once --dry-run` runs standalone; `gpuledger serve --config FILE` runs collectors continuously"
+        );
+    }
+    if cfg.collectors.is_empty() {
+        eprintln!("no collectors configured in {}: nothing to collect", args.config.display());
+        return Ok(());
+    }
+    let mut failed = 0;
+    for entry in &cfg.collectors {
+        let text = entry.table.to_string();
+        let result = match gpuledger_collect::build(&entry.kind, &entry.name, &text) {
+            Ok(c) => c.collect().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(observations) => {
+                for o in observations {
+                    println!("{}", serde_json::to_string(&o)?);
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("collector `{}` ({}): {e}", entry.name, entry.kind);
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} collector(s) failed");
+    }
+    Ok(())
+}
+
+fn check_config(file: PathBuf) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    match config::parse(&text) {
+        Ok(cfg) => {
+            println!(
+                "{}: ok ({} collector(s), {} rate override(s))",
+                file.display(),
+                cfg.collectors.len(),
+                cfg.settings.rates.overrides.len()
+            );
+            Ok(())
+        }
+        Err(problems) => {
+            for p in &problems {
+                println!("{}:{p}", file.display());
+            }
+            anyhow::bail!("{} problem(s) in {}", problems.len(), file.display())
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(a) => serve(a).await,
+            Command::Token { command: TokenCommand::Create { source, teams, viewer, db } } => {
+                token_create(source, teams, viewer, db).await
+            }
+            Command::Demo(a) => run_demo(a).await,
+            Command::Collect(a) => collect(a).await,
+            Command::CheckConfig { file } => check_config(file),
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -251,6 +251,22 @@ impl Store {
             out.accepted.samples += chunk.len() as u64;
             out.duplicates.samples += chunk.len() as u64 - inserted;
         }
+        // A sample is an observation too: it keeps its GPU present.
+        let mut latest: BTreeMap<i64, i64> = BTreeMap::new();
+        for (id, s) in &rows {
+            let e = latest.entry(*id).or_insert(i64::MIN);
+            *e = (*e).max(s.ts.timestamp());
+        }
+        for (id, ts) in latest {
+            sqlx::query(&self.sql(
+                "UPDATE gpus SET last_seen = CASE WHEN last_seen < $2 THEN $2 ELSE last_seen END \
+                 WHERE id = $1",
+            ))
+            .bind(id)
+            .bind(ts)
+            .execute(&mut *tx)
+            .await?;
+        }
         for (id, s) in &rows {
             let ts = s.ts.timestamp();
             let t = touched.entry(*id).or_default();

@@ -1,1 +1,121 @@
-//! placeholder
+//! gpuledger's HTTP surface: the push API, the query API (JSON and CSV), the OpenAPI document
+//! and the server-rendered pages, all on one axum router over a [`Store`].
+//!
+//! Reading needs no token by default (the server binds to localhost); `read_requires_token`
+//! makes every read need a viewer token. Writing always needs an ingest token.
+
+mod api;
+mod ingest;
+mod openapi;
+mod params;
+mod ui;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gpuledger_ledger::BodyLimits;
+use gpuledger_store::{Role, Store};
+
+pub use axum::http::StatusCode;
+pub use ingest::{ingest_bytes, IngestReply};
+pub use openapi::OPENAPI_JSON;
+
+/// Settings of the HTTP surface.
+#[derive(Debug, Clone, Default)]
+pub struct WebConfig {
+    pub limits: BodyLimits,
+    /// Reads (API and pages) need a viewer token.
+    pub read_requires_token: bool,
+    /// Label every page as demo data.
+    pub demo: bool,
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub config: Arc<WebConfig>,
+    /// The clock; tests and the demo may fix it.
+    pub clock: Arc<dyn Fn() -> chrono::DateTime<chrono::Utc> + Send + Sync>,
+}
+
+impl AppState {
+    pub fn new(store: Store, config: WebConfig) -> AppState {
+        AppState {
+            store,
+            config: Arc::new(config),
+            clock: Arc::new(chrono::Utc::now),
+        }
+    }
+
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        (self.clock)()
+    }
+}
+
+/// A JSON error body: `{"error": "..."}` with a status.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+pub(crate) fn bearer(req_headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = req_headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_string())
+}
+
+async fn require_viewer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !state.config.read_requires_token {
+        return next.run(req).await;
+    }
+    let Some(token) = bearer(req.headers()) else {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "reading needs a viewer token: send `Authorization: Bearer <token>` \
+             (mint one with `gpuledger token create --viewer --source NAME`)",
+        );
+    };
+    match state.store.verify_token(&token).await {
+        Ok(Some(info)) if info.role == Role::Viewer => next.run(req).await,
+        Ok(_) => error(StatusCode::UNAUTHORIZED, "unknown token or not a viewer token"),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// The whole router.
+pub fn router(state: AppState) -> Router {
+    let reads = Router::new()
+        .route("/", get(ui::overview))
+        .route("/api/v1/gpus", get(api::gpus))
+        .route("/api/v1/gpus/{uuid}", get(api::gpu))
+        .route("/api/v1/summary", get(api::summary))
+        .route("/api/v1/sources", get(api::sources))
+        .route("/api/v1/openapi.json", get(openapi::serve))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
+    Router::new()
+        .merge(reads)
+        .route(
+            "/api/v1/ingest",
+            post(ingest::handler).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such page or endpoint; see /api/v1/openapi.json") })
+        .with_state(state)
+}
+
+/// Serve until the future `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,371 @@
+//! The config file (TOML): parsed with positions so that `check-config` can name every problem
+//! with its line, column and key path, not just the first.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//! database_url = "sqlite://gpuledger.db"
+//! [thresholds]
+//! idle_pct = 5.0                # an hour below this activity is idle
+//! stale_window_secs = 7200      # a GPU unobserved this long is missing
+//! freshness_objective_secs = 3600
+//! [retention]
+//! raw_days = 14
+//! rollup_days = 730
+//! [auth]
+//! read_requires_token = false
+//! [ingest]
+//! max_body_bytes = 8388608
+//! max_decompressed_bytes = 67108864
+//! [rates]                       # USD per GPU-hour, by family or exact model name
+//! "H100" = 9.80
+//! [[collectors]]
+//! type = "..."                  # a collector kind
+//! name = "..."                  # the source name it reports as
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+
+use gpuledger_ledger::Settings;
+use gpuledger_web::WebConfig;
+use toml_edit::{ImDocument, Item, Table, Value};
+
+/// A pull collector's entry: its kind, its source name and its own settings.
+#[derive(Debug, Clone)]
+pub struct CollectorEntry {
+    pub kind: String,
+    pub name: String,
+    pub table: toml_edit::Table,
+}
+
+/// Everything the config file can set.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+    pub settings: Settings,
+    pub web: WebConfig,
+    pub collectors: Vec<CollectorEntry>,
+}
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub line: usize,
+    pub column: usize,
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}:{}: {}", self.line, self.column, self.message)
+        } else {
+            write!(f, "{}:{}: {}: {}", self.line, self.column, self.path, self.message)
+        }
+    }
+}
+
+struct Checker<'a> {
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Checker<'_> {
+    fn position(&self, span: Option<Range<usize>>) -> (usize, usize) {
+        let Some(span) = span else { return (1, 1) };
+        let before = &self.text[..span.start.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+        (line, column)
+    }
+
+    fn problem(&mut self, span: Option<Range<usize>>, path: &str, message: impl Into<String>) {
+        let (line, column) = self.position(span);
+        self.problems.push(Problem {
+            line,
+            column,
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    fn unknown_keys(&mut self, table: &Table, prefix: &str, known: &[&str]) {
+        for (key, item) in table.iter() {
+            if !known.contains(&key) {
+                let span = table.key(key).and_then(|k| k.span()).or_else(|| item.span());
+                self.problem(
+                    span,
+                    &join(prefix, key),
+                    format!("unknown key; expected one of: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn table<'t>(&mut self, root: &'t Table, key: &str) -> Option<&'t Table> {
+        let item = root.get(key)?;
+        match item.as_table() {
+            Some(t) => Some(t),
+            None => {
+                self.problem(item.span(), key, "must be a table, like [".to_string() + key + "]");
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, table: &Table, prefix: &str, key: &str) -> Option<String> {
+        let item = table.get(key)?;
+        match item.as_str() {
+            Some(s) if !s.trim().is_empty() => Some(s.to_string()),
+            Some(_) => {
+                self.problem(item.span(), &join(prefix, key), "must not be empty");
+                None
+            }
+            None => {
+                self.problem(item.span(), &join(prefix, key), "must be a string");
+                None
+            }
+        }
+    }
+
+    fn number(&mut self, table: &Table, prefix: &str, key: &str, lo: f64, hi: f64) -> Option<f64> {
+        let item = table.get(key)?;
+        let v = match item.as_value() {
+            Some(Value::Integer(i)) => Some(*i.value() as f64),
+            Some(Value::Float(f)) => Some(*f.value()),
+            _ => None,
+        };
+        match v {
+            Some(v) if v >= lo && v <= hi => Some(v),
+            Some(v) => {
+                self.problem(item.span(), &join(prefix, key), format!("must be within {lo}..={hi}, got {v}"));
+                None
+            }
+            None => {
+                self.problem(item.span(), &join(prefix, key), "must be a number");
+                None
+            }
+        }
+    }
+
+    fn integer(&mut self, table: &Table, prefix: &str, key: &str, lo: i64, hi: i64) -> Option<i64> {
+        let item = table.get(key)?;
+        match item.as_integer() {
+            Some(v) if v >= lo && v <= hi => Some(v),
+            Some(v) => {
+                self.problem(item.span(), &join(prefix, key), format!("must be within {lo}..={hi}, got {v}"));
+                None
+            }
+            None => {
+                self.problem(item.span(), &join(prefix, key), "must be an integer");
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, table: &Table, prefix: &str, key: &str) -> Option<bool> {
+        let item = table.get(key)?;
+        match item.as_bool() {
+            Some(b) => Some(b),
+            None => {
+                self.problem(item.span(), &join(prefix, key), "must be true or false");
+                None
+            }
+        }
+    }
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// Parse a config file's text. Returns every problem found, not only the first.
+pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
+    let mut c = Checker { text, problems: Vec::new() };
+    let doc = match ImDocument::parse(text) {
+        Ok(d) => d,
+        Err(e) => {
+            c.problem(e.span(), "", format!("not valid TOML: {}", e.message().trim()));
+            return Err(c.problems);
+        }
+    };
+    let root = doc.as_table();
+    let mut cfg = Config::default();
+    c.unknown_keys(
+        root,
+        "",
+        &["listen", "database_url", "thresholds", "retention", "auth", "ingest", "rates", "collectors"],
+    );
+    cfg.listen = c.string(root, "", "listen");
+    if let (Some(l), Some(item)) = (&cfg.listen, root.get("listen")) {
+        if l.parse::<std::net::SocketAddr>().is_err() {
+            c.problem(item.span(), "listen", format!("must be an address like 127.0.0.1:8080, got `{l}`"));
+        }
+    }
+    cfg.database_url = c.string(root, "", "database_url");
+    if let (Some(u), Some(item)) = (&cfg.database_url, root.get("database_url")) {
+        if let Err(e) = gpuledger_store::normalize_url(u) {
+            c.problem(item.span(), "database_url", e.to_string());
+        }
+    }
+    let s = &mut cfg.settings;
+    if let Some(t) = c.table(root, "thresholds") {
+        c.unknown_keys(t, "thresholds", &["idle_pct", "stale_window_secs", "freshness_objective_secs"]);
+        if let Some(v) = c.number(t, "thresholds", "idle_pct", 0.0, 100.0) {
+            s.idle_threshold_pct = v;
+        }
+        if let Some(v) = c.integer(t, "thresholds", "stale_window_secs", 60, 30 * 86_400) {
+            s.stale_window_secs = v;
+        }
+        if let Some(v) = c.integer(t, "thresholds", "freshness_objective_secs", 60, 86_400) {
+            s.freshness_objective_secs = v;
+        }
+    }
+    if let Some(t) = c.table(root, "retention") {
+        c.unknown_keys(t, "retention", &["raw_days", "rollup_days"]);
+        if let Some(v) = c.integer(t, "retention", "raw_days", 1, 3650) {
+            s.raw_retention_days = v;
+        }
+        if let Some(v) = c.integer(t, "retention", "rollup_days", 1, 36_500) {
+            s.rollup_retention_days = v;
+        }
+        if s.rollup_retention_days < s.raw_retention_days {
+            let span = t.get("rollup_days").and_then(|i| i.span());
+            c.problem(span, "retention.rollup_days", "must be at least retention.raw_days");
+        }
+    }
+    if let Some(t) = c.table(root, "auth") {
+        c.unknown_keys(t, "auth", &["read_requires_token"]);
+        if let Some(v) = c.boolean(t, "auth", "read_requires_token") {
+            cfg.web.read_requires_token = v;
+        }
+    }
+    if let Some(t) = c.table(root, "ingest") {
+        c.unknown_keys(t, "ingest", &["max_body_bytes", "max_decompressed_bytes"]);
+        if let Some(v) = c.integer(t, "ingest", "max_body_bytes", 1024, 1 << 30) {
+            cfg.web.limits.max_body_bytes = v as usize;
+        }
+        if let Some(v) = c.integer(t, "ingest", "max_decompressed_bytes", 1024, 4 << 30) {
+            cfg.web.limits.max_decompressed_bytes = v as usize;
+        }
+    }
+    if let Some(t) = c.table(root, "rates") {
+        for (key, _) in t.iter() {
+            if let Some(v) = c.number(t, "rates", key, 0.0, 10_000.0) {
+                s.rates.overrides.insert(key.to_string(), v);
+            }
+        }
+    }
+    if let Some(item) = root.get("collectors") {
+        match item {
+            Item::ArrayOfTables(list) => {
+                let mut names = std::collections::BTreeSet::new();
+                for (i, t) in list.iter().enumerate() {
+                    let prefix = format!("collectors[{i}]");
+                    let kind = c.string(t, &prefix, "type");
+                    let name = c.string(t, &prefix, "name");
+                    if kind.is_none() && t.get("type").is_none() {
+                        c.problem(t.span(), &prefix, "needs `type` (the collector kind)");
+                    }
+                    if name.is_none() && t.get("name").is_none() {
+                        c.problem(t.span(), &prefix, "needs `name` (the source name it reports as)");
+                    }
+                    if let Some(k) = &kind {
+                        if let Err(e) = gpuledger_collect::check_kind(k) {
+                            c.problem(t.get("type").and_then(|i| i.span()), &join(&prefix, "type"), e);
+                        }
+                    }
+                    if let Some(n) = &name {
+                        if !names.insert(n.clone()) {
+                            c.problem(t.get("name").and_then(|i| i.span()), &join(&prefix, "name"), format!("duplicate source name `{n}`"));
+                        }
+                    }
+                    if let (Some(kind), Some(name)) = (kind, name) {
+                        cfg.collectors.push(CollectorEntry { kind, name, table: t.clone() });
+                    }
+                }
+            }
+            other => c.problem(other.span(), "collectors", "must be an array of tables, written [[collectors]]"),
+        }
+    }
+    if c.problems.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(c.problems)
+    }
+}
+
+/// Read and parse a config file, with every problem prefixed by the file name.
+pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+    parse(&text).map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(|p| format!("{}:{p}", path.display())).collect();
+        anyhow::anyhow!("config {} has {} problem(s):\n{}", path.display(), problems.len(), lines.join("\n"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_config_parses() {
+        let cfg = parse(
+            r#"
+listen = "127.0.0.1:9000"
+database_url = "postgres://localhost/gpuledger"
+[thresholds]
+idle_pct = 3
+stale_window_secs = 3600
+[retention]
+raw_days = 7
+rollup_days = 365
+[auth]
+read_requires_token = true
+[ingest]
+max_body_bytes = 2048
+[rates]
+"H100" = 9.8
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.listen.as_deref(), Some("127.0.0.1:9000"));
+        assert_eq!(cfg.settings.idle_threshold_pct, 3.0);
+        assert_eq!(cfg.settings.raw_retention_days, 7);
+        assert!(cfg.web.read_requires_token);
+        assert_eq!(cfg.web.limits.max_body_bytes, 2048);
+        assert_eq!(cfg.settings.rates.overrides["H100"], 9.8);
+        assert!(parse("").unwrap().collectors.is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_position() {
+        let problems = parse(
+            "listen = \"nowhere\"\nlisten_addr = 1\n[thresholds]\nidle_pct = 500\n[rates]\nH100 = \"cheap\"\n[[collectors]]\ntype = \"kubernetes\"\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(text.len(), 6, "{text:#?}");
+        assert!(text[0].starts_with("2:1: listen_addr: unknown key"), "{text:#?}");
+        assert!(text[1].starts_with("1:10: listen: must be an address"), "{text:#?}");
+        assert!(text[2].starts_with("4:12: thresholds.idle_pct: must be within 0..=100, got 500"), "{text:#?}");
+        assert!(text[3].starts_with("6:8: rates.H100: must be a number"), "{text:#?}");
+        assert!(text.iter().any(|t| t.contains("collectors[0]: needs `name`")), "{text:#?}");
+        assert!(text.iter().any(|t| t.contains("collectors[0].type: unknown collector type")), "{text:#?}");
+    }
+
+    #[test]
+    fn syntax_errors_have_a_position() {
+        let p = parse("listen = \n").unwrap_err();
+        assert_eq!(p.len(), 1);
+        assert!(p[0].to_string().starts_with("1:"), "{}", p[0]);
+        assert!(p[0].message.contains("not valid TOML"));
+    }
+}

@@ -1,0 +1,215 @@
+//! The query API: `/api/v1/gpus`, `/api/v1/gpus/{uuid}`, `/api/v1/summary`, `/api/v1/sources`,
+//! each as JSON or, with `format=csv`, as CSV with the same figures.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gpuledger_ledger::GroupBy;
+use gpuledger_model::{GpuView, SummaryGroup};
+
+use crate::params::Params;
+use crate::{error, AppState};
+
+fn bad_request(msg: String) -> Response {
+    error(StatusCode::BAD_REQUEST, msg)
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "query failed");
+    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+fn csv_response(name: &str, build: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv::Result<()>) -> Response {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    if let Err(e) = build(&mut w) {
+        return internal(e);
+    }
+    match w.into_inner() {
+        Ok(bytes) => (
+            [
+                (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
+                (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}.csv\"")),
+            ],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map(ToString::to_string).unwrap_or_default()
+}
+
+const GPU_CSV_HEADER: [&str; 20] = [
+    "uuid", "model", "memory_mib", "host", "cluster", "cloud", "region", "instance_type", "team",
+    "env", "owner_reason", "state", "first_seen", "last_seen", "usd_per_hour", "rate_origin",
+    "mig_parent_uuid", "mig_profile", "placeholder", "source",
+];
+
+fn gpu_csv_row(g: &GpuView) -> Vec<String> {
+    vec![
+        g.uuid.clone(),
+        g.model.clone(),
+        opt(&g.memory_mib),
+        opt(&g.host),
+        opt(&g.cluster),
+        opt(&g.cloud),
+        opt(&g.region),
+        opt(&g.instance_type),
+        g.team.clone(),
+        g.env.clone(),
+        g.owner_reason.clone(),
+        g.state.as_str().to_string(),
+        g.first_seen.to_rfc3339(),
+        g.last_seen.to_rfc3339(),
+        opt(&g.usd_per_hour),
+        g.rate_origin.clone(),
+        opt(&g.mig_parent_uuid),
+        opt(&g.mig_profile),
+        g.placeholder.to_string(),
+        g.source.clone(),
+    ]
+}
+
+pub async fn gpus(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q.as_deref(), &["format", "include_mig"]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    let list = match state.store.list_gpus(&p.filters, p.include_mig, state.now()).await {
+        Ok(l) => l,
+        Err(e) => return internal(e),
+    };
+    if p.csv {
+        return csv_response("gpus", |w| {
+            w.write_record(GPU_CSV_HEADER)?;
+            for g in &list {
+                w.write_record(gpu_csv_row(g))?;
+            }
+            Ok(())
+        });
+    }
+    Json(serde_json::json!({ "count": list.len(), "items": list })).into_response()
+}
+
+pub async fn gpu(
+    State(state): State<AppState>,
+    Path(uuid): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let p = match Params::parse(q.as_deref(), &["from", "to", "format"]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    if !p.filters.is_empty() {
+        return bad_request("filters do not apply to one GPU; use /api/v1/gpus to filter".into());
+    }
+    let now = state.now();
+    let detail = match state.store.gpu_detail(&uuid, p.window(now, 7), now).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`")),
+        Err(e) => return internal(e),
+    };
+    if p.csv {
+        return csv_response(&uuid, |w| {
+            w.write_record(["hour", "samples", "activity_pct", "mem_used_mib_max", "power_w_avg", "allocated"])?;
+            for h in &detail.hours {
+                w.write_record([
+                    h.hour.to_rfc3339(),
+                    h.samples.to_string(),
+                    opt(&h.activity_pct),
+                    opt(&h.mem_used_mib_max),
+                    opt(&h.power_w_avg),
+                    h.allocated.to_string(),
+                ])?;
+            }
+            Ok(())
+        });
+    }
+    Json(detail).into_response()
+}
+
+pub(crate) const SUMMARY_CSV_HEADER: [&str; 14] = [
+    "key", "gpus", "gpu_hours", "busy_hours", "idle_hours", "unknown_hours", "allocated_hours",
+    "allocated_idle_hours", "avg_activity_pct", "cost_usd", "idle_cost_usd",
+    "allocated_idle_cost_usd", "unpriced_gpu_hours", "is_total",
+];
+
+fn summary_csv_row(g: &SummaryGroup, total: bool) -> Vec<String> {
+    vec![
+        g.key.clone(),
+        g.gpus.to_string(),
+        g.gpu_hours.to_string(),
+        g.busy_hours.to_string(),
+        g.idle_hours.to_string(),
+        g.unknown_hours.to_string(),
+        g.allocated_hours.to_string(),
+        g.allocated_idle_hours.to_string(),
+        opt(&g.avg_activity_pct),
+        format!("{:.2}", g.cost_usd),
+        format!("{:.2}", g.idle_cost_usd),
+        format!("{:.2}", g.allocated_idle_cost_usd),
+        g.unpriced_gpu_hours.to_string(),
+        total.to_string(),
+    ]
+}
+
+pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q.as_deref(), &["from", "to", "group_by", "format"]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    let now = state.now();
+    let by = p.group_by.unwrap_or(GroupBy::Team);
+    let s = match state.store.summary(p.window(now, 30), &p.filters, by, now).await {
+        Ok(s) => s,
+        Err(e) => return internal(e),
+    };
+    if p.csv {
+        return csv_response("summary", |w| {
+            w.write_record(SUMMARY_CSV_HEADER)?;
+            for g in &s.groups {
+                w.write_record(summary_csv_row(g, false))?;
+            }
+            w.write_record(summary_csv_row(&s.total, true))
+        });
+    }
+    Json(s).into_response()
+}
+
+pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q.as_deref(), &["format"]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    if !p.filters.is_empty() {
+        return bad_request("sources are not filtered by GPU attributes".into());
+    }
+    let list = match state.store.sources(state.now()).await {
+        Ok(l) => l,
+        Err(e) => return internal(e),
+    };
+    if p.csv {
+        return csv_response("sources", |w| {
+            w.write_record(["name", "kind", "last_success", "lag_secs", "status", "last_error", "gpus"])?;
+            for s in &list {
+                w.write_record([
+                    s.name.clone(),
+                    s.kind.clone(),
+                    s.last_success.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                    opt(&s.lag_secs),
+                    serde_json::to_value(s.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
+                    opt(&s.last_error),
+                    s.gpus.to_string(),
+                ])?;
+            }
+            Ok(())
+        });
+    }
+    Json(serde_json::json!({ "items": list })).into_response()
+}

@@ -1,0 +1,132 @@
+//! Query-string parameters shared by the API and the pages: filters (each may repeat, or hold
+//! comma-separated values), the window, grouping and output format. Unknown parameters are
+//! refused so that a typo never silently widens a query.
+
+use chrono::{DateTime, Duration, NaiveDate, Utc};
+use gpuledger_ledger::GroupBy;
+use gpuledger_store::{Filters, Window};
+
+/// Parsed query parameters.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub filters: Filters,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub group_by: Option<GroupBy>,
+    pub csv: bool,
+    pub include_mig: bool,
+}
+
+impl Params {
+    /// Parse `raw` allowing only the names in `allowed` (filters are always allowed).
+    pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Params, String> {
+        let mut p = Params::default();
+        for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            let list = match k.as_ref() {
+                "team" => Some(&mut p.filters.team),
+                "env" => Some(&mut p.filters.env),
+                "cloud" => Some(&mut p.filters.cloud),
+                "cluster" => Some(&mut p.filters.cluster),
+                "model" => Some(&mut p.filters.model),
+                _ => None,
+            };
+            if let Some(list) = list {
+                for part in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    if !list.iter().any(|x| x == part) {
+                        list.push(part.to_string());
+                    }
+                }
+                continue;
+            }
+            if !allowed.contains(&k.as_ref()) {
+                let mut known = vec!["team", "env", "cloud", "cluster", "model"];
+                known.extend_from_slice(allowed);
+                return Err(format!(
+                    "unknown query parameter `{k}`; this endpoint takes: {}",
+                    known.join(", ")
+                ));
+            }
+            match k.as_ref() {
+                "from" => p.from = Some(parse_time("from", &v)?),
+                "to" => p.to = Some(parse_time("to", &v)?),
+                "group_by" => {
+                    p.group_by = Some(GroupBy::parse(&v).ok_or_else(|| {
+                        format!(
+                            "group_by: must be one of {}, got `{v}`",
+                            GroupBy::NAMES.join(", ")
+                        )
+                    })?)
+                }
+                "format" => {
+                    p.csv = match v.as_ref() {
+                        "csv" => true,
+                        "json" => false,
+                        other => return Err(format!("format: must be `json` or `csv`, got `{other}`")),
+                    }
+                }
+                "include_mig" => {
+                    p.include_mig = match v.as_ref() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        other => {
+                            return Err(format!("include_mig: must be `true` or `false`, got `{other}`"))
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let (Some(f), Some(t)) = (p.from, p.to) {
+            if f >= t {
+                return Err("from: must be before `to`".into());
+            }
+        }
+        Ok(p)
+    }
+
+    /// The window, defaulting to the `default_days` before `now`.
+    pub fn window(&self, now: DateTime<Utc>, default_days: i64) -> Window {
+        let to = self.to.unwrap_or(now);
+        let from = self.from.unwrap_or(to - Duration::days(default_days));
+        Window {
+            from: from.timestamp(),
+            to: to.timestamp(),
+        }
+    }
+}
+
+/// RFC 3339 (`2026-12-02T10:00:00Z`) or a date (`2026-12-02`, midnight UTC).
+fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(v) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(v, "%Y-%m-%d") {
+        return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+    }
+    Err(format!(
+        "{name}: must be an RFC 3339 time like 2026-12-02T10:00:00Z or a date like 2026-12-02, got `{v}`"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_repeat_and_split_on_commas() {
+        let p = Params::parse(Some("team=a&team=b,c&model=NVIDIA%20L4&format=csv"), &["format"]).unwrap();
+        assert_eq!(p.filters.team, ["a", "b", "c"]);
+        assert_eq!(p.filters.model, ["NVIDIA L4"]);
+        assert!(p.csv);
+    }
+
+    #[test]
+    fn bad_parameters_name_themselves() {
+        assert!(Params::parse(Some("tem=a"), &[]).unwrap_err().contains("unknown query parameter `tem`"));
+        assert!(Params::parse(Some("from=yesterday"), &["from"]).unwrap_err().starts_with("from:"));
+        assert!(Params::parse(Some("group_by=x"), &["group_by"]).unwrap_err().starts_with("group_by:"));
+        assert!(Params::parse(Some("from=2026-12-02&to=2026-12-01"), &["from", "to"]).is_err());
+        let p = Params::parse(Some("from=2026-12-01"), &["from"]).unwrap();
+        assert_eq!(p.from.unwrap().to_rfc3339(), "2026-12-01T00:00:00+00:00");
+    }
+}
