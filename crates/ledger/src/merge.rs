@@ -42,7 +42,7 @@ impl GpuRecord {
     /// Re-derive owner, environment and rate from the merged attributes (after a merge, or when
     /// the config's rates change).
     pub fn rederive(&mut self, settings: &Settings) {
-        let o = derive_ownership(&self.labels, &self.source, self.last_seen);
+        let o = derive_ownership(&self.labels, &self.source);
         self.team = o.team;
         self.env = o.env;
         self.owner_reason = o.reason;

@@ -1,10 +1,10 @@
 //! Ownership and environment, first version: a GPU's `team` and `env` labels decide, and the
-//! reason says which label, from which source, seen when. Everything else is `unowned` /
+//! reason says which label decided and which source first reported the GPU (each label's own
+//! source and time are in the GPU's provenance). Everything else is `unowned` /
 //! `unknown` (BRIEF section 4). A later rules engine replaces this function, not its callers.
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
 use gpuledger_model::{UNKNOWN, UNOWNED};
 
 /// The environments the first version recognises; other values are kept as given.
@@ -19,12 +19,7 @@ pub struct Ownership {
 }
 
 /// Decide owner and environment from a GPU's merged labels.
-pub fn derive_ownership(
-    labels: &BTreeMap<String, String>,
-    source: &str,
-    seen: DateTime<Utc>,
-) -> Ownership {
-    let seen = seen.format("%Y-%m-%d %H:%M UTC");
+pub fn derive_ownership(labels: &BTreeMap<String, String>, source: &str) -> Ownership {
     let team = labels
         .get("team")
         .map(|t| t.trim().to_ascii_lowercase())
@@ -46,7 +41,7 @@ pub fn derive_ownership(
     Ownership {
         team: team.unwrap_or_else(|| UNOWNED.to_string()),
         env: env.map(|(_, v)| v).unwrap_or_else(|| UNKNOWN.to_string()),
-        reason: format!("{owner_part}; {env_part}; from source {source}, seen {seen}"),
+        reason: format!("{owner_part}; {env_part}; GPU first reported by source {source}"),
     }
 }
 
@@ -63,24 +58,18 @@ mod tests {
 
     #[test]
     fn labels_decide_with_a_reason() {
-        let seen = "2026-12-02T11:02:00Z".parse().unwrap();
-        let o = derive_ownership(
-            &labels(&[("team", "NLP"), ("env", "prod")]),
-            "rdu-agent",
-            seen,
-        );
+        let o = derive_ownership(&labels(&[("team", "NLP"), ("env", "prod")]), "rdu-agent");
         assert_eq!((o.team.as_str(), o.env.as_str()), ("nlp", "prod"));
         assert_eq!(
             o.reason,
             "owner: nlp — label `team=nlp` on the GPU record; env: prod — label `env=prod`; \
-             from source rdu-agent, seen 2026-12-02 11:02 UTC"
+             GPU first reported by source rdu-agent"
         );
     }
 
     #[test]
     fn missing_labels_are_named_buckets() {
-        let seen = "2026-12-02T11:02:00Z".parse().unwrap();
-        let o = derive_ownership(&labels(&[("team", " ")]), "s", seen);
+        let o = derive_ownership(&labels(&[("team", " ")]), "s");
         assert_eq!((o.team.as_str(), o.env.as_str()), (UNOWNED, UNKNOWN));
         assert!(o.reason.contains("no `team` label"));
     }
