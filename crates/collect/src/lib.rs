@@ -54,15 +54,24 @@ pub fn check_kind(kind: &str) -> Result<(), String> {
              POST /api/v1/ingest or run the agent instead"
         ))
     } else {
-        Err(format!("unknown collector type `{kind}`; known: {}", KINDS.join(", ")))
+        Err(format!(
+            "unknown collector type `{kind}`; known: {}",
+            KINDS.join(", ")
+        ))
     }
 }
 
 /// Build the collector for a config entry. `config_toml` is the entry's own TOML text.
-pub fn build(kind: &str, name: &str, config_toml: &str) -> Result<Box<dyn Collector>, CollectError> {
+pub fn build(
+    kind: &str,
+    name: &str,
+    config_toml: &str,
+) -> Result<Box<dyn Collector>, CollectError> {
     // Each collector kind adds its arm here, e.g. `"kubernetes" => kubernetes::build(name, config_toml)`.
     let _ = (name, config_toml);
-    Err(CollectError::Config(check_kind(kind).err().unwrap_or_default()))
+    Err(CollectError::Config(
+        check_kind(kind).err().unwrap_or_default(),
+    ))
 }
 
 #[cfg(test)]

@@ -62,7 +62,11 @@ impl fmt::Display for Problem {
         if self.path.is_empty() {
             write!(f, "{}:{}: {}", self.line, self.column, self.message)
         } else {
-            write!(f, "{}:{}: {}: {}", self.line, self.column, self.path, self.message)
+            write!(
+                f,
+                "{}:{}: {}: {}",
+                self.line, self.column, self.path, self.message
+            )
         }
     }
 }
@@ -94,7 +98,10 @@ impl Checker<'_> {
     fn unknown_keys(&mut self, table: &Table, prefix: &str, known: &[&str]) {
         for (key, item) in table.iter() {
             if !known.contains(&key) {
-                let span = table.key(key).and_then(|k| k.span()).or_else(|| item.span());
+                let span = table
+                    .key(key)
+                    .and_then(|k| k.span())
+                    .or_else(|| item.span());
                 self.problem(
                     span,
                     &join(prefix, key),
@@ -109,7 +116,11 @@ impl Checker<'_> {
         match item.as_table() {
             Some(t) => Some(t),
             None => {
-                self.problem(item.span(), key, "must be a table, like [".to_string() + key + "]");
+                self.problem(
+                    item.span(),
+                    key,
+                    "must be a table, like [".to_string() + key + "]",
+                );
                 None
             }
         }
@@ -140,7 +151,11 @@ impl Checker<'_> {
         match v {
             Some(v) if v >= lo && v <= hi => Some(v),
             Some(v) => {
-                self.problem(item.span(), &join(prefix, key), format!("must be within {lo}..={hi}, got {v}"));
+                self.problem(
+                    item.span(),
+                    &join(prefix, key),
+                    format!("must be within {lo}..={hi}, got {v}"),
+                );
                 None
             }
             None => {
@@ -155,7 +170,11 @@ impl Checker<'_> {
         match item.as_integer() {
             Some(v) if v >= lo && v <= hi => Some(v),
             Some(v) => {
-                self.problem(item.span(), &join(prefix, key), format!("must be within {lo}..={hi}, got {v}"));
+                self.problem(
+                    item.span(),
+                    &join(prefix, key),
+                    format!("must be within {lo}..={hi}, got {v}"),
+                );
                 None
             }
             None => {
@@ -187,11 +206,18 @@ fn join(prefix: &str, key: &str) -> String {
 
 /// Parse a config file's text. Returns every problem found, not only the first.
 pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
-    let mut c = Checker { text, problems: Vec::new() };
+    let mut c = Checker {
+        text,
+        problems: Vec::new(),
+    };
     let doc = match ImDocument::parse(text) {
         Ok(d) => d,
         Err(e) => {
-            c.problem(e.span(), "", format!("not valid TOML: {}", e.message().trim()));
+            c.problem(
+                e.span(),
+                "",
+                format!("not valid TOML: {}", e.message().trim()),
+            );
             return Err(c.problems);
         }
     };
@@ -200,12 +226,25 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
     c.unknown_keys(
         root,
         "",
-        &["listen", "database_url", "thresholds", "retention", "auth", "ingest", "rates", "collectors"],
+        &[
+            "listen",
+            "database_url",
+            "thresholds",
+            "retention",
+            "auth",
+            "ingest",
+            "rates",
+            "collectors",
+        ],
     );
     cfg.listen = c.string(root, "", "listen");
     if let (Some(l), Some(item)) = (&cfg.listen, root.get("listen")) {
         if l.parse::<std::net::SocketAddr>().is_err() {
-            c.problem(item.span(), "listen", format!("must be an address like 127.0.0.1:8080, got `{l}`"));
+            c.problem(
+                item.span(),
+                "listen",
+                format!("must be an address like 127.0.0.1:8080, got `{l}`"),
+            );
         }
     }
     cfg.database_url = c.string(root, "", "database_url");
@@ -216,7 +255,11 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
     }
     let s = &mut cfg.settings;
     if let Some(t) = c.table(root, "thresholds") {
-        c.unknown_keys(t, "thresholds", &["idle_pct", "stale_window_secs", "freshness_objective_secs"]);
+        c.unknown_keys(
+            t,
+            "thresholds",
+            &["idle_pct", "stale_window_secs", "freshness_objective_secs"],
+        );
         if let Some(v) = c.number(t, "thresholds", "idle_pct", 0.0, 100.0) {
             s.idle_threshold_pct = v;
         }
@@ -237,7 +280,11 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
         if s.rollup_retention_days < s.raw_retention_days {
             let span = t.get("rollup_days").and_then(|i| i.span());
-            c.problem(span, "retention.rollup_days", "must be at least retention.raw_days");
+            c.problem(
+                span,
+                "retention.rollup_days",
+                "must be at least retention.raw_days",
+            );
         }
     }
     if let Some(t) = c.table(root, "auth") {
@@ -274,24 +321,44 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                         c.problem(t.span(), &prefix, "needs `type` (the collector kind)");
                     }
                     if name.is_none() && t.get("name").is_none() {
-                        c.problem(t.span(), &prefix, "needs `name` (the source name it reports as)");
+                        c.problem(
+                            t.span(),
+                            &prefix,
+                            "needs `name` (the source name it reports as)",
+                        );
                     }
                     if let Some(k) = &kind {
                         if let Err(e) = gpuledger_collect::check_kind(k) {
-                            c.problem(t.get("type").and_then(|i| i.span()), &join(&prefix, "type"), e);
+                            c.problem(
+                                t.get("type").and_then(|i| i.span()),
+                                &join(&prefix, "type"),
+                                e,
+                            );
                         }
                     }
                     if let Some(n) = &name {
                         if !names.insert(n.clone()) {
-                            c.problem(t.get("name").and_then(|i| i.span()), &join(&prefix, "name"), format!("duplicate source name `{n}`"));
+                            c.problem(
+                                t.get("name").and_then(|i| i.span()),
+                                &join(&prefix, "name"),
+                                format!("duplicate source name `{n}`"),
+                            );
                         }
                     }
                     if let (Some(kind), Some(name)) = (kind, name) {
-                        cfg.collectors.push(CollectorEntry { kind, name, table: t.clone() });
+                        cfg.collectors.push(CollectorEntry {
+                            kind,
+                            name,
+                            table: t.clone(),
+                        });
                     }
                 }
             }
-            other => c.problem(other.span(), "collectors", "must be an array of tables, written [[collectors]]"),
+            other => c.problem(
+                other.span(),
+                "collectors",
+                "must be an array of tables, written [[collectors]]",
+            ),
         }
     }
     if c.problems.is_empty() {
@@ -306,8 +373,16 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
     parse(&text).map_err(|problems| {
-        let lines: Vec<String> = problems.iter().map(|p| format!("{}:{p}", path.display())).collect();
-        anyhow::anyhow!("config {} has {} problem(s):\n{}", path.display(), problems.len(), lines.join("\n"))
+        let lines: Vec<String> = problems
+            .iter()
+            .map(|p| format!("{}:{p}", path.display()))
+            .collect();
+        anyhow::anyhow!(
+            "config {} has {} problem(s):\n{}",
+            path.display(),
+            problems.len(),
+            lines.join("\n")
+        )
     })
 }
 
@@ -353,12 +428,32 @@ max_body_bytes = 2048
         .unwrap_err();
         let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
         assert_eq!(text.len(), 6, "{text:#?}");
-        assert!(text[0].starts_with("2:1: listen_addr: unknown key"), "{text:#?}");
-        assert!(text[1].starts_with("1:10: listen: must be an address"), "{text:#?}");
-        assert!(text[2].starts_with("4:12: thresholds.idle_pct: must be within 0..=100, got 500"), "{text:#?}");
-        assert!(text[3].starts_with("6:8: rates.H100: must be a number"), "{text:#?}");
-        assert!(text.iter().any(|t| t.contains("collectors[0]: needs `name`")), "{text:#?}");
-        assert!(text.iter().any(|t| t.contains("collectors[0].type: unknown collector type")), "{text:#?}");
+        assert!(
+            text[0].starts_with("2:1: listen_addr: unknown key"),
+            "{text:#?}"
+        );
+        assert!(
+            text[1].starts_with("1:10: listen: must be an address"),
+            "{text:#?}"
+        );
+        assert!(
+            text[2].starts_with("4:12: thresholds.idle_pct: must be within 0..=100, got 500"),
+            "{text:#?}"
+        );
+        assert!(
+            text[3].starts_with("6:8: rates.H100: must be a number"),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("collectors[0]: needs `name`")),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("collectors[0].type: unknown collector type")),
+            "{text:#?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Datelike, Duration, TimeZone, Timelike, Utc};
-use gpuledger_model::{AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, HOUR_SECS};
+use gpuledger_model::{
+    AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, HOUR_SECS,
+};
 use gpuledger_store::Role;
 use gpuledger_web::AppState;
 use rand::{Rng, SeedableRng};
@@ -95,7 +97,9 @@ pub const SOURCES: &[(&str, &str)] = &[
 pub const STALE_SOURCE: &str = "lab-agents";
 const STALE_FOR_SECS: i64 = 3 * 3600;
 
-pub const TEAMS: [&str; 8] = ["nlp", "vision", "speech", "recsys", "research", "platform", "search", "robotics"];
+pub const TEAMS: [&str; 8] = [
+    "nlp", "vision", "speech", "recsys", "research", "platform", "search", "robotics",
+];
 
 /// splitmix64: deterministic noise from a key, independent of call order.
 fn mix(mut x: u64) -> u64 {
@@ -124,18 +128,162 @@ struct Group {
 }
 
 const GROUPS: &[Group] = &[
-    Group { cluster: "aws-use1-eks", cloud: Cloud::Aws, region: "us-east-1", source: "aws-eks", instance_type: "p5.48xlarge", model: "NVIDIA H100 80GB HBM3", memory_mib: 81559, gpus: 8, hosts: 8, prefix: "ip-10-1-0", kind: AllocationKind::Pod },
-    Group { cluster: "aws-use1-eks", cloud: Cloud::Aws, region: "us-east-1", source: "aws-eks", instance_type: "p4d.24xlarge", model: "NVIDIA A100-SXM4-40GB", memory_mib: 40960, gpus: 8, hosts: 4, prefix: "ip-10-1-1", kind: AllocationKind::Pod },
-    Group { cluster: "aws-use1-eks", cloud: Cloud::Aws, region: "us-east-1", source: "aws-eks", instance_type: "g6e.12xlarge", model: "NVIDIA L40S", memory_mib: 46068, gpus: 4, hosts: 6, prefix: "ip-10-1-2", kind: AllocationKind::Pod },
-    Group { cluster: "aws-use1-eks", cloud: Cloud::Aws, region: "us-east-1", source: "aws-eks", instance_type: "g6.xlarge", model: "NVIDIA L4", memory_mib: 23034, gpus: 1, hosts: 20, prefix: "ip-10-1-3", kind: AllocationKind::Pod },
-    Group { cluster: "gcp-usc1-gke", cloud: Cloud::Gcp, region: "us-central1", source: "gcp-gke", instance_type: "a3-highgpu-8g", model: "NVIDIA H100 80GB HBM3", memory_mib: 81559, gpus: 8, hosts: 4, prefix: "gke-a3-pool", kind: AllocationKind::Pod },
-    Group { cluster: "gcp-usc1-gke", cloud: Cloud::Gcp, region: "us-central1", source: "gcp-gke", instance_type: "g2-standard-48", model: "NVIDIA L4", memory_mib: 23034, gpus: 4, hosts: 6, prefix: "gke-g2-pool", kind: AllocationKind::Pod },
-    Group { cluster: "gcp-usc1-gke", cloud: Cloud::Gcp, region: "us-central1", source: "gcp-gke", instance_type: "n1-standard-16", model: "Tesla T4", memory_mib: 15360, gpus: 2, hosts: 10, prefix: "gke-t4-pool", kind: AllocationKind::Pod },
-    Group { cluster: "az-eastus-aks", cloud: Cloud::Azure, region: "eastus", source: "azure-aks", instance_type: "Standard_ND96isr_H200_v5", model: "NVIDIA H200", memory_mib: 143771, gpus: 8, hosts: 4, prefix: "aks-h200-vmss", kind: AllocationKind::Pod },
-    Group { cluster: "az-eastus-aks", cloud: Cloud::Azure, region: "eastus", source: "azure-aks", instance_type: "Standard_NC96ads_A100_v4", model: "NVIDIA A100 80GB PCIe", memory_mib: 81920, gpus: 4, hosts: 4, prefix: "aks-a100-vmss", kind: AllocationKind::Pod },
-    Group { cluster: "rdu-slurm", cloud: Cloud::Onprem, region: "rdu", source: "rdu-slurm", instance_type: "dgx-h200", model: "NVIDIA H200", memory_mib: 143771, gpus: 8, hosts: 10, prefix: "rdu-h200", kind: AllocationKind::SlurmJob },
-    Group { cluster: "rdu-slurm", cloud: Cloud::Onprem, region: "rdu", source: "rdu-slurm", instance_type: "dgx-a100", model: "NVIDIA A100-SXM4-80GB", memory_mib: 81920, gpus: 8, hosts: 4, prefix: "rdu-a100", kind: AllocationKind::SlurmJob },
-    Group { cluster: "lab-bench", cloud: Cloud::Onprem, region: "rdu", source: "lab-agents", instance_type: "workstation", model: "Tesla T4", memory_mib: 15360, gpus: 4, hosts: 8, prefix: "lab-ws", kind: AllocationKind::Process },
+    Group {
+        cluster: "aws-use1-eks",
+        cloud: Cloud::Aws,
+        region: "us-east-1",
+        source: "aws-eks",
+        instance_type: "p5.48xlarge",
+        model: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        gpus: 8,
+        hosts: 8,
+        prefix: "ip-10-1-0",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "aws-use1-eks",
+        cloud: Cloud::Aws,
+        region: "us-east-1",
+        source: "aws-eks",
+        instance_type: "p4d.24xlarge",
+        model: "NVIDIA A100-SXM4-40GB",
+        memory_mib: 40960,
+        gpus: 8,
+        hosts: 4,
+        prefix: "ip-10-1-1",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "aws-use1-eks",
+        cloud: Cloud::Aws,
+        region: "us-east-1",
+        source: "aws-eks",
+        instance_type: "g6e.12xlarge",
+        model: "NVIDIA L40S",
+        memory_mib: 46068,
+        gpus: 4,
+        hosts: 6,
+        prefix: "ip-10-1-2",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "aws-use1-eks",
+        cloud: Cloud::Aws,
+        region: "us-east-1",
+        source: "aws-eks",
+        instance_type: "g6.xlarge",
+        model: "NVIDIA L4",
+        memory_mib: 23034,
+        gpus: 1,
+        hosts: 20,
+        prefix: "ip-10-1-3",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "gcp-usc1-gke",
+        cloud: Cloud::Gcp,
+        region: "us-central1",
+        source: "gcp-gke",
+        instance_type: "a3-highgpu-8g",
+        model: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        gpus: 8,
+        hosts: 4,
+        prefix: "gke-a3-pool",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "gcp-usc1-gke",
+        cloud: Cloud::Gcp,
+        region: "us-central1",
+        source: "gcp-gke",
+        instance_type: "g2-standard-48",
+        model: "NVIDIA L4",
+        memory_mib: 23034,
+        gpus: 4,
+        hosts: 6,
+        prefix: "gke-g2-pool",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "gcp-usc1-gke",
+        cloud: Cloud::Gcp,
+        region: "us-central1",
+        source: "gcp-gke",
+        instance_type: "n1-standard-16",
+        model: "Tesla T4",
+        memory_mib: 15360,
+        gpus: 2,
+        hosts: 10,
+        prefix: "gke-t4-pool",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "az-eastus-aks",
+        cloud: Cloud::Azure,
+        region: "eastus",
+        source: "azure-aks",
+        instance_type: "Standard_ND96isr_H200_v5",
+        model: "NVIDIA H200",
+        memory_mib: 143771,
+        gpus: 8,
+        hosts: 4,
+        prefix: "aks-h200-vmss",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "az-eastus-aks",
+        cloud: Cloud::Azure,
+        region: "eastus",
+        source: "azure-aks",
+        instance_type: "Standard_NC96ads_A100_v4",
+        model: "NVIDIA A100 80GB PCIe",
+        memory_mib: 81920,
+        gpus: 4,
+        hosts: 4,
+        prefix: "aks-a100-vmss",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "rdu-slurm",
+        cloud: Cloud::Onprem,
+        region: "rdu",
+        source: "rdu-slurm",
+        instance_type: "dgx-h200",
+        model: "NVIDIA H200",
+        memory_mib: 143771,
+        gpus: 8,
+        hosts: 10,
+        prefix: "rdu-h200",
+        kind: AllocationKind::SlurmJob,
+    },
+    Group {
+        cluster: "rdu-slurm",
+        cloud: Cloud::Onprem,
+        region: "rdu",
+        source: "rdu-slurm",
+        instance_type: "dgx-a100",
+        model: "NVIDIA A100-SXM4-80GB",
+        memory_mib: 81920,
+        gpus: 8,
+        hosts: 4,
+        prefix: "rdu-a100",
+        kind: AllocationKind::SlurmJob,
+    },
+    Group {
+        cluster: "lab-bench",
+        cloud: Cloud::Onprem,
+        region: "rdu",
+        source: "lab-agents",
+        instance_type: "workstation",
+        model: "Tesla T4",
+        memory_mib: 15360,
+        gpus: 4,
+        hosts: 8,
+        prefix: "lab-ws",
+        kind: AllocationKind::Process,
+    },
 ];
 
 /// The whole fleet for a seed.
@@ -212,7 +360,13 @@ pub fn activity(h: &Host, gpu: u32, ts: i64) -> Option<f64> {
         Profile::Idle => unit(key ^ day) * 1.5,
         Profile::AllocatedIdle => 0.5 + unit(key ^ (ts as u64 / 3600)) * 2.5,
         Profile::Steady => {
-            let diurnal = if work { 18.0 } else if weekday { 4.0 } else { -8.0 };
+            let diurnal = if work {
+                18.0
+            } else if weekday {
+                4.0
+            } else {
+                -8.0
+            };
             55.0 + diurnal + unit(key ^ day) * 12.0 + noise
         }
         Profile::Workday => {
@@ -264,14 +418,18 @@ fn training_running(h: &Host, ts: i64) -> bool {
 }
 
 /// Bursts: on about three days a week, 6–12 hours of heavy use starting mid-morning.
-fn burst(h: &Host, ts: i64) -> bool {
-    let day = ts.div_euclid(86_400);
-    if unit(h.index ^ (day as u64 * 13)) > 0.45 {
-        return false;
+fn burst_window(h: &Host, day: i64) -> Option<(i64, i64)> {
+    let d = day as u64;
+    if unit(h.index ^ (d * 13)) > 0.45 {
+        return None;
     }
-    let start = day * 86_400 + 14 * 3600 + (unit(h.index ^ day as u64) * 4.0 * 3600.0) as i64;
-    let len = 6 * 3600 + (unit(h.index * 3 ^ day as u64) * 6.0 * 3600.0) as i64;
-    ts >= start && ts < start + len
+    let start = day * 86_400 + 14 * 3600 + (unit(h.index ^ d) * 4.0 * 3600.0) as i64;
+    let len = 6 * 3600 + (unit((h.index * 3) ^ d) * 6.0 * 3600.0) as i64;
+    Some((start, start + len))
+}
+
+fn burst(h: &Host, ts: i64) -> bool {
+    burst_window(h, ts.div_euclid(86_400)).is_some_and(|(s, e)| ts >= s && ts < e)
 }
 
 /// Allocation intervals of one GPU in `[from, to)`; `None` end = still running at `to`.
@@ -295,7 +453,11 @@ pub fn allocations(h: &Host, gpu: u32, from: i64, to: i64) -> Vec<(i64, Option<i
                 let date = Utc.timestamp_opt(d, 0).single().unwrap_or_default();
                 if date.weekday().num_days_from_monday() < 5 && s >= from && s < to {
                     let end = (e <= to).then_some(e);
-                    out.push((s, end, format!("{ns}/dev-{}-{}", h.name, date.format("%m%d"))));
+                    out.push((
+                        s,
+                        end,
+                        format!("{ns}/dev-{}-{}", h.name, date.format("%m%d")),
+                    ));
                 }
                 d += 86_400;
             }
@@ -304,7 +466,10 @@ pub fn allocations(h: &Host, gpu: u32, from: i64, to: i64) -> Vec<(i64, Option<i
             for (s, e) in training_blocks(h, to).filter(|(_, e)| *e > from) {
                 let end = (e <= to).then_some(e);
                 let id = if h.kind == AllocationKind::SlurmJob {
-                    format!("{}", 400_000 + (h.index % 1000) * 1000 + ((s / 3600) % 1000) as u64)
+                    format!(
+                        "{}",
+                        400_000 + (h.index % 1000) * 1000 + ((s / 3600) % 1000) as u64
+                    )
                 } else {
                     format!("{ns}/train-{}-{}", h.name, s / 3600)
                 };
@@ -312,20 +477,17 @@ pub fn allocations(h: &Host, gpu: u32, from: i64, to: i64) -> Vec<(i64, Option<i
             }
         }
         Profile::Bursty => {
-            let mut d = from.div_euclid(86_400);
-            while d * 86_400 < to {
-                if unit(h.index ^ (d as u64 * 13)) <= 0.45 {
-                    let s = d * 86_400 + 14 * 3600 + (unit(h.index ^ d as u64) * 4.0 * 3600.0) as i64;
-                    let e = s + 6 * 3600 + (unit(h.index * 3 ^ d as u64) * 6.0 * 3600.0) as i64;
-                    if s >= from && s < to {
-                        out.push((s, (e <= to).then_some(e), format!("{ns}/burst-{}-{d}", h.name)));
-                    }
+            for day in from.div_euclid(86_400)..=to.div_euclid(86_400) {
+                if let Some((s, e)) = burst_window(h, day).filter(|(s, _)| *s >= from && *s < to) {
+                    out.push((
+                        s,
+                        (e <= to).then_some(e),
+                        format!("{ns}/burst-{}-{day}", h.name),
+                    ));
                 }
-                d += 1;
             }
         }
     }
-    let _ = gpu;
     out
 }
 
@@ -370,7 +532,10 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
             cloud: Some(h.cloud),
             region: Some(h.region.to_string()),
             instance_type: Some(h.instance_type.to_string()),
-            serial: Some(format!("{:013}", mix(h.index * 97 + gpu as u64) % 10_000_000_000_000)),
+            serial: Some(format!(
+                "{:013}",
+                mix(h.index * 97 + gpu as u64) % 10_000_000_000_000
+            )),
             pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + gpu * 0x10)),
             mig_parent_uuid: None,
             mig_profile: None,
@@ -422,12 +587,38 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
                 end: e.and_then(|e| Utc.timestamp_opt(e, 0).single()),
                 workload,
                 kind: h.kind,
-                user: h.team.map(|t| format!("{t}-{}", ["ana", "bo", "chen", "dev"][(h.index % 4) as usize])),
+                user: h.team.map(|t| {
+                    format!(
+                        "{t}-{}",
+                        ["ana", "bo", "chen", "dev"][(h.index % 4) as usize]
+                    )
+                }),
                 team: h.team.map(String::from),
             });
         }
     }
     body
+}
+
+/// The history of several hosts split into one body per UTC day: inventory in the first,
+/// each sample in its day's body, each allocation in the body of the day it starts.
+pub fn daily_bodies(hosts: &[&Host], from: i64, to: i64) -> Vec<PushBody> {
+    let first_day = from.div_euclid(86_400);
+    let days = (to.div_euclid(86_400) - first_day + 1).max(1) as usize;
+    let mut out: Vec<PushBody> = vec![PushBody::default(); days];
+    let day_of = |ts: i64| ((ts.div_euclid(86_400) - first_day).max(0) as usize).min(days - 1);
+    for h in hosts {
+        let body = history_body(h, from, to);
+        out[0].gpus.extend(body.gpus);
+        for s in body.samples {
+            out[day_of(s.ts.timestamp())].samples.push(s);
+        }
+        for a in body.allocations {
+            out[day_of(a.start.timestamp())].allocations.push(a);
+        }
+    }
+    out.retain(|b| !b.is_empty());
+    out
 }
 
 /// The demo's tokens, one per source.
@@ -439,12 +630,16 @@ pub struct Demo {
 
 async fn send(state: &AppState, token: &str, body: &PushBody) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec(body)?;
-    let reply = gpuledger_web::ingest_bytes(state, Some(token), None, Some("gpuledger-demo"), &bytes).await;
+    let reply =
+        gpuledger_web::ingest_bytes(state, Some(token), None, Some("gpuledger-demo"), &bytes).await;
     if reply.status != gpuledger_web::StatusCode::OK {
         anyhow::bail!("demo push refused ({}): {}", reply.status, reply.body);
     }
     if let Some(rejected) = reply.body["rejected"].as_array().filter(|r| !r.is_empty()) {
-        anyhow::bail!("demo push had rejected records: {}", serde_json::Value::Array(rejected.clone()));
+        anyhow::bail!(
+            "demo push had rejected records: {}",
+            serde_json::Value::Array(rejected.clone())
+        );
     }
     Ok(())
 }
@@ -454,39 +649,60 @@ pub async fn load(state: &AppState, seed: u64, days: i64) -> anyhow::Result<Demo
     let hosts = fleet(seed);
     let mut tokens = BTreeMap::new();
     for (source, _) in SOURCES {
-        tokens.insert(*source, state.store.create_token(Role::Ingest, source, &[]).await?);
+        tokens.insert(
+            *source,
+            state.store.create_token(Role::Ingest, source, &[]).await?,
+        );
     }
-    let push_token = state.store.create_token(Role::Ingest, "demo-push", &[]).await?;
+    let push_token = state
+        .store
+        .create_token(Role::Ingest, "demo-push", &[])
+        .await?;
     let now = state.now();
     let from = gpuledger_model::hour_floor((now - Duration::days(days)).timestamp());
-    for h in &hosts {
-        let stale = h.source == STALE_SOURCE;
-        let to = if stale { now.timestamp() - STALE_FOR_SECS } else { now.timestamp() };
-        let body = history_body(h, from, to);
-        if stale {
-            // This source really did last report three hours ago: its pushes carry that clock.
-            let then = now - Duration::seconds(STALE_FOR_SECS);
-            let past = AppState { clock: Arc::new(move || then), ..state.clone() };
-            send(&past, &tokens[h.source], &body).await?;
+    for (source, _) in SOURCES {
+        let stale = *source == STALE_SOURCE;
+        let to = if stale {
+            now.timestamp() - STALE_FOR_SECS
         } else {
-            send(state, &tokens[h.source], &body).await?;
+            now.timestamp()
+        };
+        let mine: Vec<&Host> = hosts.iter().filter(|h| h.source == *source).collect();
+        // A day per body, in time order, as a source catching up would send it.
+        for body in daily_bodies(&mine, from, to) {
+            if stale {
+                // This source really did last report three hours ago: its pushes carry that clock.
+                let then = now - Duration::seconds(STALE_FOR_SECS);
+                let past = AppState {
+                    clock: Arc::new(move || then),
+                    ..state.clone()
+                };
+                send(&past, &tokens[source], &body).await?;
+            } else {
+                send(state, &tokens[source], &body).await?;
+            }
         }
     }
-    Ok(Demo { hosts, tokens, push_token })
+    Ok(Demo {
+        hosts,
+        tokens,
+        push_token,
+    })
 }
 
 /// One live round: a sample per GPU (all sources but the stale one), and inventory every
 /// tenth minute.
 pub async fn live_round(state: &AppState, demo: &Demo, at: DateTime<Utc>) -> anyhow::Result<()> {
     let mut bodies: BTreeMap<&str, PushBody> = BTreeMap::new();
-    let with_inventory = at.minute() % 10 == 0;
+    let with_inventory = at.minute().is_multiple_of(10);
     for h in demo.hosts.iter().filter(|h| h.source != STALE_SOURCE) {
         let body = bodies.entry(h.source).or_default();
         if with_inventory {
             body.gpus.extend(inventory(h, at));
         }
         for gpu in 0..h.gpus {
-            body.samples.push(sample(h, gpu, &h.uuid(gpu), at.timestamp()));
+            body.samples
+                .push(sample(h, gpu, &h.uuid(gpu), at.timestamp()));
         }
     }
     for (source, body) in bodies {
@@ -504,12 +720,23 @@ mod tests {
         let a = fleet(42);
         let b = fleet(42);
         assert_eq!(a.len(), b.len());
-        assert!(a.iter().zip(&b).all(|(x, y)| x.name == y.name && x.team == y.team && x.profile == y.profile));
+        assert!(a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| x.name == y.name && x.team == y.team && x.profile == y.profile));
         let gpus: u32 = a.iter().map(|h| h.gpus).sum();
         assert!(gpus >= 400, "{gpus}");
         let teams: std::collections::BTreeSet<_> = a.iter().filter_map(|h| h.team).collect();
         assert_eq!(teams.len(), 8, "{teams:?}");
-        for p in [Profile::Idle, Profile::AllocatedIdle, Profile::Bursty, Profile::Training, Profile::Steady, Profile::Workday, Profile::NoUtil] {
+        for p in [
+            Profile::Idle,
+            Profile::AllocatedIdle,
+            Profile::Bursty,
+            Profile::Training,
+            Profile::Steady,
+            Profile::Workday,
+            Profile::NoUtil,
+        ] {
             assert!(a.iter().any(|h| h.profile == p), "{p:?} missing");
         }
         assert!(a.iter().any(|h| h.mig_profile.is_some()));
@@ -532,10 +759,19 @@ mod tests {
     #[test]
     fn workday_hosts_are_busier_in_working_hours() {
         let hosts = fleet(42);
-        let h = hosts.iter().find(|h| h.profile == Profile::Workday).unwrap();
+        let h = hosts
+            .iter()
+            .find(|h| h.profile == Profile::Workday)
+            .unwrap();
         // Wednesday 2026-12-02: 16:00 UTC is 11:00 Eastern; 06:00 UTC is 01:00 Eastern.
-        let day = Utc.with_ymd_and_hms(2026, 12, 2, 16, 0, 0).unwrap().timestamp();
-        let night = Utc.with_ymd_and_hms(2026, 12, 2, 6, 0, 0).unwrap().timestamp();
+        let day = Utc
+            .with_ymd_and_hms(2026, 12, 2, 16, 0, 0)
+            .unwrap()
+            .timestamp();
+        let night = Utc
+            .with_ymd_and_hms(2026, 12, 2, 6, 0, 0)
+            .unwrap()
+            .timestamp();
         assert!(activity(h, 0, day).unwrap() > 40.0);
         assert!(activity(h, 0, night).unwrap() < 5.0);
     }

@@ -9,7 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
-    c.env_remove("GPULEDGER_DATABASE_URL").env_remove("GPULEDGER_CONFIG");
+    c.env_remove("GPULEDGER_DATABASE_URL")
+        .env_remove("GPULEDGER_CONFIG");
     c
 }
 
@@ -39,15 +40,26 @@ fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let url = line.trim().rsplit(' ').next().unwrap().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{line}");
     (Server(child), url)
 }
 
 fn token(dir: &Path, args: &[&str]) -> String {
-    let out = bin().args(["token", "create"]).args(args).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .args(["token", "create"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     stdout.lines().last().unwrap().trim().to_string()
 }
@@ -57,7 +69,10 @@ async fn serve_default_sqlite_file_push_and_query() {
     let dir = tempdir("serve");
     let tok = token(&dir, &["--source", "cron", "--team", "nlp"]);
     assert!(tok.starts_with("glt_"), "{tok}");
-    assert!(dir.join("gpuledger.db").exists(), "default database is gpuledger.db in the working directory");
+    assert!(
+        dir.join("gpuledger.db").exists(),
+        "default database is gpuledger.db in the working directory"
+    );
     let (_server, base) = serve(&dir, &[]);
     let now = chrono::Utc::now();
     let body = serde_json::json!({
@@ -66,16 +81,42 @@ async fn serve_default_sqlite_file_push_and_query() {
         "samples": [{"gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555", "ts": now, "util_pct": 12.5}]
     });
     let client = reqwest::Client::new();
-    let resp = client.post(format!("{base}/api/v1/ingest")).bearer_auth(&tok).json(&body).send().await.unwrap();
+    let resp = client
+        .post(format!("{base}/api/v1/ingest"))
+        .bearer_auth(&tok)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    let gpus: serde_json::Value = client.get(format!("{base}/api/v1/gpus")).send().await.unwrap().json().await.unwrap();
+    let gpus: serde_json::Value = client
+        .get(format!("{base}/api/v1/gpus"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(gpus["items"][0]["team"], "nlp");
     assert_eq!(gpus["items"][0]["rate_origin"], "built-in default (L4)");
-    let summary: serde_json::Value =
-        client.get(format!("{base}/api/v1/summary?group_by=env")).send().await.unwrap().json().await.unwrap();
+    let summary: serde_json::Value = client
+        .get(format!("{base}/api/v1/summary?group_by=env"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(summary["groups"][0]["key"], "dev");
     assert_eq!(summary["total"]["avg_activity_pct"], 12.5);
-    let html = client.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
+    let html = client
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(html.contains("Fleet overview"));
     assert!(!html.contains("Demo data"));
 }
@@ -95,12 +136,21 @@ async fn serve_takes_database_and_config_from_environment() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let server = Server(child);
     let base = line.trim().rsplit(' ').next().unwrap().to_string();
     assert!(dir.join("other.db").exists());
-    let status = reqwest::get(format!("{base}/api/v1/gpus")).await.unwrap().status();
-    assert_eq!(status.as_u16(), 401, "the config's read_requires_token applies");
+    let status = reqwest::get(format!("{base}/api/v1/gpus"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(
+        status.as_u16(),
+        401,
+        "the config's read_requires_token applies"
+    );
     drop(server);
 }
 
@@ -111,17 +161,38 @@ fn config_check_reports_every_problem_with_its_location() {
     std::fs::write(&good, "listen = \"127.0.0.1:9000\"\n[rates]\nH100 = 9.5\n").unwrap();
     let out = bin().arg("check-config").arg(&good).output().unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (0 collector(s), 1 rate override(s))"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok (0 collector(s), 1 rate override(s))")
+    );
     let bad = dir.join("bad.toml");
-    std::fs::write(&bad, "listen = 8080\n[retention]\nraw_days = 0\nkeep = true\n").unwrap();
+    std::fs::write(
+        &bad,
+        "listen = 8080\n[retention]\nraw_days = 0\nkeep = true\n",
+    )
+    .unwrap();
     let out = bin().arg("check-config").arg(&bad).output().unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
-    assert!(lines.iter().any(|l| l.ends_with("bad.toml:1:10: listen: must be a string")), "{text}");
-    assert!(lines.iter().any(|l| l.contains("bad.toml:3:12: retention.raw_days: must be within 1..=3650, got 0")), "{text}");
-    assert!(lines.iter().any(|l| l.contains("bad.toml:4:1: retention.keep: unknown key")), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with("bad.toml:1:10: listen: must be a string")),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(
+            |l| l.contains("bad.toml:3:12: retention.raw_days: must be within 1..=3650, got 0")
+        ),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("bad.toml:4:1: retention.keep: unknown key")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -129,12 +200,28 @@ fn config_collect_with_zero_collectors_says_so() {
     let dir = tempdir("collect");
     let cfg = dir.join("c.toml");
     std::fs::write(&cfg, "# no collectors yet\n").unwrap();
-    let out = bin().args(["collect", "--once", "--dry-run", "--config"]).arg(&cfg).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .args(["collect", "--once", "--dry-run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no collectors configured"));
-    std::fs::write(&cfg, "[[collectors]]\ntype = \"kubernetes\"\nname = \"rdu\"\n").unwrap();
-    let out = bin().args(["collect", "--once", "--dry-run", "--config"]).arg(&cfg).output().unwrap();
+    std::fs::write(
+        &cfg,
+        "[[collectors]]\ntype = \"kubernetes\"\nname = \"rdu\"\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["collect", "--once", "--dry-run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown collector type `kubernetes`"));
 }
@@ -147,10 +234,19 @@ fn demo_loads_through_ingest_and_summarizes() {
         .args(["demo", "--days", "2", "--load-only", "--database-url", &db])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["total"]["gpus"], 408);
-    let teams: Vec<&str> = s["groups"].as_array().unwrap().iter().map(|g| g["key"].as_str().unwrap()).collect();
+    let teams: Vec<&str> = s["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["key"].as_str().unwrap())
+        .collect();
     assert_eq!(teams.len(), 9, "eight teams and unowned: {teams:?}");
     assert!(teams.contains(&"unowned"));
     let t = &s["total"];

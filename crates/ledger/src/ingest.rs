@@ -174,7 +174,7 @@ pub fn validate_body(
             .into_iter()
             .for_each(|r| out.allocations.push(r)),
             other => out.rejections.push(Rejection::new(
-                other,
+                if other.is_empty() { "\"\"" } else { other },
                 "unknown field; a body may carry only `gpus`, `samples` and `allocations`",
             )),
         }
@@ -571,5 +571,74 @@ mod tests {
             decode_body(b"{", None, BodyLimits::default()),
             Err(DecodeError::NotJson(_))
         ));
+    }
+}
+
+/// Mutated real bodies must be refused or partly kept, never panic. (The `fuzz/` target does
+/// the same coverage-guided; this runs in every `cargo test`.)
+#[cfg(test)]
+mod mutation {
+    use super::*;
+
+    const SEED: &str = r#"{"gpus":[{"uuid":"GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e","model":"NVIDIA H100 80GB HBM3",
+      "memory_mib":81559,"host":"gpu-node-7","cloud":"aws","mig_parent_uuid":null,"labels":{"team":"nlp"},
+      "observed_at":"2026-12-02T11:00:00Z"}],
+      "samples":[{"gpu_uuid":"GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e","ts":"2026-12-02T10:59:00Z",
+      "util_pct":87.0,"mem_used_mib":60210,"power_w":512.4,"sm_active":0.71}],
+      "allocations":[{"gpu_uuid":"GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e","start":"2026-12-02T08:00:00Z",
+      "end":null,"workload":"nlp-prod/llm-ft-0","kind":"pod","user":"alice","team":"nlp"}]}"#;
+
+    #[test]
+    fn mutated_bodies_never_panic() {
+        let now: DateTime<Utc> = "2026-12-02T12:00:00Z".parse().unwrap();
+        let seed = SEED.as_bytes();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let tokens: [&[u8]; 8] = [
+            b"null",
+            b"-1e999",
+            b"\"\"",
+            b"[]",
+            b"{}",
+            b"1e308",
+            b"\"\\u0000\"",
+            b"9223372036854775794",
+        ];
+        let mut kept = 0;
+        for _ in 0..20_000 {
+            let mut body = seed.to_vec();
+            for _ in 0..(next() % 4 + 1) {
+                let at = (next() as usize) % body.len().max(1);
+                match next() % 4 {
+                    0 if !body.is_empty() => body[at] = next() as u8,
+                    1 => body.truncate(at),
+                    2 => {
+                        let t = tokens[(next() % tokens.len() as u64) as usize];
+                        body.splice(at..at, t.iter().copied());
+                    }
+                    _ => {
+                        let end = (at + (next() % 16) as usize).min(body.len());
+                        body.drain(at..end);
+                    }
+                }
+            }
+            if let Ok(map) = decode_body(&body, None, BodyLimits::default()) {
+                let v = validate_body(map, now, 300);
+                kept += v.gpus.len() + v.samples.len() + v.allocations.len();
+                for r in &v.rejections {
+                    assert!(
+                        !r.path.is_empty() && !r.reason.is_empty(),
+                        "{r:?} from {}",
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+            }
+        }
+        assert!(kept > 0, "some mutations leave valid records");
     }
 }

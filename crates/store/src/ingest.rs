@@ -67,6 +67,30 @@ impl IngestOutcome {
     }
 }
 
+/// Recompute day rollups from hour rollups for the GPUs `IDS` in `[$1, $2)`; `$3` is the idle
+/// threshold.
+const REROLL_DAYS: &str =
+    "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
+     idle_hours, allocated_hours, allocated_idle_hours) \
+     SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
+     SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
+     SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
+     SUM(CASE WHEN act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
+     SUM(allocated), \
+     SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END) \
+     FROM gpu_hours WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
+     GROUP BY gpu_id, (hour / 86400) * 86400 \
+     ON CONFLICT (day, gpu_id) DO UPDATE SET present_hours = excluded.present_hours, \
+     known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
+     idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
+     allocated_idle_hours = excluded.allocated_idle_hours";
+
+/// (GPU, hour) presence rows per INSERT statement.
+const PRESENCE_CHUNK: usize = 200;
+
+/// Samples per INSERT statement.
+const SAMPLE_CHUNK: usize = 32;
+
 /// Hours touched for one GPU during an ingest, to re-roll afterwards.
 #[derive(Default)]
 struct Touched {
@@ -229,14 +253,15 @@ impl Store {
             rows.push((*id, s));
         }
         let source_id = self.source_id(&mut tx, who).await?;
-        for chunk in rows.chunks(500) {
+        for chunk in rows.chunks(SAMPLE_CHUNK) {
             let sql = format!(
                 "INSERT INTO samples (gpu_id, ts, util_pct, mem_used_mib, power_w, sm_active, source_id) \
                  VALUES {} ON CONFLICT (gpu_id, ts) DO NOTHING",
                 values(chunk.len(), 7)
             );
             let sql = self.sql(&sql);
-            let mut q = sqlx::query(&sql).persistent(false);
+            // Full chunks share one cached prepared statement.
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == SAMPLE_CHUNK);
             for (id, s) in chunk {
                 q = q
                     .bind(*id)
@@ -298,16 +323,15 @@ impl Store {
             }
             let start = a.start.timestamp();
             let end = a.end.map(|e| e.timestamp());
-            let old: Option<(Option<i64>, String, String, Option<String>, Option<String>)> =
-                sqlx::query_as(&self.sql(
-                    "SELECT end_ts, source, kind, user_name, team FROM allocations \
+            let old: Option<StoredAllocation> = sqlx::query_as(&self.sql(
+                "SELECT end_ts, source, kind, user_name, team FROM allocations \
                      WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
-                ))
-                .bind(*id)
-                .bind(a.workload.clone())
-                .bind(start)
-                .fetch_optional(&mut *tx)
-                .await?;
+            ))
+            .bind(*id)
+            .bind(a.workload.clone())
+            .bind(start)
+            .fetch_optional(&mut *tx)
+            .await?;
             if let Some((old_end, old_source, kind, user, team)) = &old {
                 if old_source != &who.source {
                     out.rejected.push(Rejection::forbidden(
@@ -359,9 +383,7 @@ impl Store {
         }
 
         // Roll up what changed.
-        for (id, t) in &touched {
-            self.reroll(&mut tx, *id, t).await?;
-        }
+        self.reroll(&mut tx, &touched).await?;
         self.record_attempt(&mut tx, who, &out, now_secs).await?;
         tx.commit().await?;
         Ok(out)
@@ -449,9 +471,7 @@ impl Store {
                 self.settings.stale_window_secs,
             );
         }
-        for (id, t) in &touched {
-            self.reroll(&mut tx, *id, t).await?;
-        }
+        self.reroll(&mut tx, &touched).await?;
         tx.commit().await?;
         Ok(wanted)
     }
@@ -587,112 +607,126 @@ impl Store {
         Ok(())
     }
 
-    /// Re-roll one GPU's touched hours and days.
-    async fn reroll(&self, tx: &mut Transaction<'_, Any>, id: i64, t: &Touched) -> Result<()> {
-        let hours: Vec<i64> = t.presence.iter().copied().collect();
-        for chunk in hours.chunks(400) {
-            let mut rows = Vec::with_capacity(chunk.len());
-            for n in 0..chunk.len() {
-                rows.push(format!("($1, ${})", n + 2));
-            }
+    /// Re-roll the touched hours and days of every touched GPU. GPUs with the same touched
+    /// range share one statement (`gpu_id IN (...)`), so a body of a thousand GPUs' current
+    /// samples costs a handful of statements, not thousands.
+    async fn reroll(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        touched: &BTreeMap<i64, Touched>,
+    ) -> Result<()> {
+        // Presence: one row per (GPU, hour), new rows only.
+        let pairs: Vec<(i64, i64)> = touched
+            .iter()
+            .flat_map(|(id, t)| t.presence.iter().map(move |h| (*id, *h)))
+            .collect();
+        for chunk in pairs.chunks(PRESENCE_CHUNK) {
             let sql = format!(
                 "INSERT INTO gpu_hours (gpu_id, hour) VALUES {} ON CONFLICT (gpu_id, hour) DO NOTHING",
-                rows.join(",")
+                values(chunk.len(), 2)
             );
             let sql = self.sql(&sql);
-            let mut q = sqlx::query(&sql).persistent(false).bind(id);
-            for h in chunk {
-                q = q.bind(*h);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            for (id, h) in chunk {
+                q = q.bind(*id).bind(*h);
             }
             q.execute(&mut **tx).await?;
         }
-        if let Some((lo, hi)) = t.activity {
-            sqlx::query(&self.sql(
+        let mut activity: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut flags: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut days: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        for (id, t) in touched {
+            if let Some(r) = t.activity {
+                activity.entry(r).or_default().push(*id);
+            }
+            // Every hour whose row may be new or whose allocations changed gets its flag again.
+            let mut range = t.flags;
+            if let (Some(&lo), Some(&hi)) = (t.presence.first(), t.presence.last()) {
+                widen(&mut range, lo, hi + HOUR_SECS);
+            }
+            if let Some((lo, hi)) = t.activity {
+                widen(&mut range, lo, hi);
+            }
+            if let Some((lo, hi)) = range {
+                flags.entry((lo, hi)).or_default().push(*id);
+                days.entry((day_floor(lo), day_floor(hi - 1) + DAY_SECS))
+                    .or_default()
+                    .push(*id);
+            }
+        }
+        for ((lo, hi), ids) in &activity {
+            self.for_ids(tx, ids, *lo, *hi, None,
                 "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
                  SELECT gpu_id, (ts / 3600) * 3600, COUNT(*), \
                  SUM(CASE WHEN sm_active IS NOT NULL OR util_pct IS NOT NULL THEN 1 ELSE 0 END), \
                  COALESCE(SUM(COALESCE(sm_active * 100.0, util_pct)), 0), MAX(mem_used_mib), \
                  COALESCE(SUM(power_w), 0), COUNT(power_w), 0 \
-                 FROM samples WHERE gpu_id = $1 AND ts >= $2 AND ts < $3 \
+                 FROM samples WHERE gpu_id IN (IDS) AND ts >= $1 AND ts < $2 \
                  GROUP BY gpu_id, (ts / 3600) * 3600 \
                  ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
                  act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
                  power_sum = excluded.power_sum, power_n = excluded.power_n",
-            ))
-            .bind(id)
-            .bind(lo)
-            .bind(hi)
-            .execute(&mut **tx)
+            )
             .await?;
         }
-        // Every hour whose row may be new or whose allocations changed gets its flag again.
-        let mut range: Option<(i64, i64)> = t.flags;
-        if let (Some(&lo), Some(&hi)) = (t.presence.first(), t.presence.last()) {
-            widen(&mut range, lo, hi + HOUR_SECS);
+        for ((lo, hi), ids) in &flags {
+            self.for_ids(
+                tx,
+                ids,
+                *lo,
+                *hi,
+                None,
+                "UPDATE gpu_hours SET allocated = CASE WHEN EXISTS (SELECT 1 FROM allocations a \
+                 WHERE a.gpu_id = gpu_hours.gpu_id AND a.start_ts < gpu_hours.hour + 3600 \
+                 AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) THEN 1 ELSE 0 END \
+                 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2",
+            )
+            .await?;
         }
-        if let Some((lo, hi)) = t.activity {
-            widen(&mut range, lo, hi);
+        for ((lo, hi), ids) in &days {
+            self.for_ids(
+                tx,
+                ids,
+                *lo,
+                *hi,
+                Some(self.settings.idle_threshold_pct),
+                REROLL_DAYS,
+            )
+            .await?;
         }
-        let Some((lo, hi)) = range else { return Ok(()) };
-        sqlx::query(&self.sql(
-            "UPDATE gpu_hours SET allocated = CASE WHEN EXISTS (SELECT 1 FROM allocations a \
-             WHERE a.gpu_id = gpu_hours.gpu_id AND a.start_ts < gpu_hours.hour + 3600 \
-             AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) THEN 1 ELSE 0 END \
-             WHERE gpu_id = $1 AND hour >= $2 AND hour < $3",
-        ))
-        .bind(id)
-        .bind(lo)
-        .bind(hi)
-        .execute(&mut **tx)
-        .await?;
-        self.reroll_days(
-            &mut **tx,
-            Some(id),
-            day_floor(lo),
-            day_floor(hi - 1) + DAY_SECS,
-        )
-        .await
+        Ok(())
     }
 
-    /// Recompute day rollups from hour rollups for one GPU (or all) in [lo, hi).
-    pub(crate) async fn reroll_days<'e, E>(
+    /// Run `sql` with `$1`, `$2` = `lo`, `hi`, `$3` = `extra` when given, and `IDS` replaced by
+    /// the GPU ids (in chunks).
+    async fn for_ids(
         &self,
-        exec: E,
-        id: Option<i64>,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
         lo: i64,
         hi: i64,
-    ) -> Result<()>
-    where
-        E: sqlx::Executor<'e, Database = Any>,
-    {
-        let filter = if id.is_some() {
-            "gpu_id = $1"
-        } else {
-            "$1 = $1"
-        };
-        let sql = format!(
-            "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, idle_hours, \
-             allocated_hours, allocated_idle_hours) \
-             SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
-             SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
-             SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
-             SUM(CASE WHEN act_n > 0 AND act_sum < $4 * act_n THEN 1 ELSE 0 END), \
-             SUM(allocated), \
-             SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $4 * act_n THEN 1 ELSE 0 END) \
-             FROM gpu_hours WHERE {filter} AND hour >= $2 AND hour < $3 \
-             GROUP BY gpu_id, (hour / 86400) * 86400 \
-             ON CONFLICT (gpu_id, day) DO UPDATE SET present_hours = excluded.present_hours, \
-             known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
-             idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
-             allocated_idle_hours = excluded.allocated_idle_hours"
-        );
-        sqlx::query(&self.sql(&sql))
-            .bind(id.unwrap_or(0))
-            .bind(lo)
-            .bind(hi)
-            .bind(self.settings.idle_threshold_pct)
-            .execute(exec)
-            .await?;
+        extra: Option<f64>,
+        sql: &str,
+    ) -> Result<()> {
+        let first = if extra.is_some() { 4 } else { 3 };
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = (0..chunk.len())
+                .map(|n| format!("${}", n + first))
+                .collect();
+            let text = sql.replace("IDS", &marks.join(","));
+            let text = self.sql(&text);
+            let mut q = sqlx::query(&text)
+                .persistent(chunk.len() == 1)
+                .bind(lo)
+                .bind(hi);
+            if let Some(x) = extra {
+                q = q.bind(x);
+            }
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            q.execute(&mut **tx).await?;
+        }
         Ok(())
     }
 
@@ -702,7 +736,13 @@ impl Store {
         sqlx::query("DELETE FROM gpu_days")
             .execute(&mut *tx)
             .await?;
-        self.reroll_days(&mut *tx, None, i64::MIN / 2, i64::MAX / 2)
+        // SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT; `1 = 1` keeps one.
+        let all = REROLL_DAYS.replace("gpu_id IN (IDS)", "1 = 1");
+        sqlx::query(&self.sql(&all))
+            .bind(i64::MIN / 2)
+            .bind(i64::MAX / 2)
+            .bind(self.settings.idle_threshold_pct)
+            .execute(&mut *tx)
             .await?;
         tx.commit().await?;
         Ok(())
@@ -773,6 +813,9 @@ impl Store {
         Ok(())
     }
 }
+
+/// An allocation as stored: end, source, kind, user, team.
+type StoredAllocation = (Option<i64>, String, String, Option<String>, Option<String>);
 
 fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
     let mut h = hour_floor(ts);

@@ -311,25 +311,36 @@ impl Store {
             (0, 0, (lo, hi), (0, 0))
         };
         let (clause, binds) = filters.clause(8);
+        // Rows are summed per GPU before the join, so the join sees one row per GPU. Each edge
+        // is its own range scan of the hour index (an OR of two ranges is not).
+        let edge = |lo: &str, hi: &str| {
+            format!(
+                "SELECT gpu_id, 1, CASE WHEN act_n > 0 THEN 1 ELSE 0 END, \
+                 CASE WHEN act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, allocated, \
+                 CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, \
+                 CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END \
+                 FROM gpu_hours WHERE hour >= {lo} AND hour < {hi}"
+            )
+        };
+        let (edge1, edge2) = (edge("$3", "$4"), edge("$5", "$6"));
         let sql = format!(
             "SELECT g.team, g.env, g.cloud, g.cluster, g.model, g.usd_per_hour, \
-             CAST(SUM(x.present) AS BIGINT) AS present, CAST(SUM(x.known) AS BIGINT) AS known, \
-             CAST(SUM(x.idle) AS BIGINT) AS idle, CAST(SUM(x.alloc) AS BIGINT) AS alloc, \
-             CAST(SUM(x.alloc_idle) AS BIGINT) AS alloc_idle, \
-             CAST(SUM(x.act) AS DOUBLE PRECISION) AS act \
+             x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act \
              FROM (\
-               SELECT gpu_id, present_hours AS present, known_hours AS known, idle_hours AS idle, \
-               allocated_hours AS alloc, allocated_idle_hours AS alloc_idle, act_sum AS act \
-               FROM gpu_days WHERE day >= $1 AND day < $2 \
-               UNION ALL \
-               SELECT gpu_id, 1, CASE WHEN act_n > 0 THEN 1 ELSE 0 END, \
-               CASE WHEN act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, allocated, \
-               CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, \
-               CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END \
-               FROM gpu_hours WHERE (hour >= $3 AND hour < $4) OR (hour >= $5 AND hour < $6)\
+               SELECT gpu_id, \
+               CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
+               CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(alloc) AS BIGINT) AS alloc, \
+               CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
+               CAST(SUM(act) AS DOUBLE PRECISION) AS act \
+               FROM (\
+                 SELECT gpu_id, present_hours AS present, known_hours AS known, \
+                 idle_hours AS idle, allocated_hours AS alloc, \
+                 allocated_idle_hours AS alloc_idle, act_sum AS act \
+                 FROM gpu_days WHERE day >= $1 AND day < $2 \
+                 UNION ALL {edge1} UNION ALL {edge2}\
+               ) u GROUP BY gpu_id\
              ) x JOIN gpus g ON g.id = x.gpu_id \
-             WHERE g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY g.id, g.team, g.env, g.cloud, g.cluster, g.model, g.usd_per_hour"
+             WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql)

@@ -20,7 +20,10 @@ fn internal(e: impl std::fmt::Display) -> Response {
     error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-fn csv_response(name: &str, build: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv::Result<()>) -> Response {
+fn csv_response(
+    name: &str,
+    build: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv::Result<()>,
+) -> Response {
     let mut w = csv::Writer::from_writer(Vec::new());
     if let Err(e) = build(&mut w) {
         return internal(e);
@@ -29,7 +32,10 @@ fn csv_response(name: &str, build: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv
         Ok(bytes) => (
             [
                 (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
-                (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}.csv\"")),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{name}.csv\""),
+                ),
             ],
             bytes,
         )
@@ -43,9 +49,26 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 }
 
 const GPU_CSV_HEADER: [&str; 20] = [
-    "uuid", "model", "memory_mib", "host", "cluster", "cloud", "region", "instance_type", "team",
-    "env", "owner_reason", "state", "first_seen", "last_seen", "usd_per_hour", "rate_origin",
-    "mig_parent_uuid", "mig_profile", "placeholder", "source",
+    "uuid",
+    "model",
+    "memory_mib",
+    "host",
+    "cluster",
+    "cloud",
+    "region",
+    "instance_type",
+    "team",
+    "env",
+    "owner_reason",
+    "state",
+    "first_seen",
+    "last_seen",
+    "usd_per_hour",
+    "rate_origin",
+    "mig_parent_uuid",
+    "mig_profile",
+    "placeholder",
+    "source",
 ];
 
 fn gpu_csv_row(g: &GpuView) -> Vec<String> {
@@ -78,7 +101,11 @@ pub async fn gpus(State(state): State<AppState>, RawQuery(q): RawQuery) -> Respo
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
-    let list = match state.store.list_gpus(&p.filters, p.include_mig, state.now()).await {
+    let list = match state
+        .store
+        .list_gpus(&p.filters, p.include_mig, state.now())
+        .await
+    {
         Ok(l) => l,
         Err(e) => return internal(e),
     };
@@ -114,7 +141,14 @@ pub async fn gpu(
     };
     if p.csv {
         return csv_response(&uuid, |w| {
-            w.write_record(["hour", "samples", "activity_pct", "mem_used_mib_max", "power_w_avg", "allocated"])?;
+            w.write_record([
+                "hour",
+                "samples",
+                "activity_pct",
+                "mem_used_mib_max",
+                "power_w_avg",
+                "allocated",
+            ])?;
             for h in &detail.hours {
                 w.write_record([
                     h.hour.to_rfc3339(),
@@ -132,9 +166,20 @@ pub async fn gpu(
 }
 
 pub(crate) const SUMMARY_CSV_HEADER: [&str; 14] = [
-    "key", "gpus", "gpu_hours", "busy_hours", "idle_hours", "unknown_hours", "allocated_hours",
-    "allocated_idle_hours", "avg_activity_pct", "cost_usd", "idle_cost_usd",
-    "allocated_idle_cost_usd", "unpriced_gpu_hours", "is_total",
+    "key",
+    "gpus",
+    "gpu_hours",
+    "busy_hours",
+    "idle_hours",
+    "unknown_hours",
+    "allocated_hours",
+    "allocated_idle_hours",
+    "avg_activity_pct",
+    "cost_usd",
+    "idle_cost_usd",
+    "allocated_idle_cost_usd",
+    "unpriced_gpu_hours",
+    "is_total",
 ];
 
 fn summary_csv_row(g: &SummaryGroup, total: bool) -> Vec<String> {
@@ -163,7 +208,11 @@ pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
     };
     let now = state.now();
     let by = p.group_by.unwrap_or(GroupBy::Team);
-    let s = match state.store.summary(p.window(now, 30), &p.filters, by, now).await {
+    let s = match state
+        .store
+        .summary(p.window(now, 30), &p.filters, by, now)
+        .await
+    {
         Ok(s) => s,
         Err(e) => return internal(e),
     };
@@ -193,7 +242,15 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
     };
     if p.csv {
         return csv_response("sources", |w| {
-            w.write_record(["name", "kind", "last_success", "lag_secs", "status", "last_error", "gpus"])?;
+            w.write_record([
+                "name",
+                "kind",
+                "last_success",
+                "lag_secs",
+                "status",
+                "last_error",
+                "gpus",
+            ])?;
             for s in &list {
                 w.write_record([
                     s.name.clone(),

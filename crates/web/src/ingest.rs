@@ -56,7 +56,10 @@ pub async fn ingest_bytes(
         Err(e) => return reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     if info.role != Role::Ingest {
-        return reply(StatusCode::FORBIDDEN, "a viewer token cannot write; use an ingest token");
+        return reply(
+            StatusCode::FORBIDDEN,
+            "a viewer token cannot write; use an ingest token",
+        );
     }
     let body = match decode_body(bytes, content_encoding, state.config.limits) {
         Ok(b) => b,
@@ -78,11 +81,18 @@ pub async fn ingest_bytes(
         Some(ua) if ua.starts_with("gpuledger-demo") => "demo",
         _ => "push",
     };
-    let outcome = match state.store.ingest(&info.principal(kind), validated, now).await {
+    let outcome = match state
+        .store
+        .ingest(&info.principal(kind), validated, now)
+        .await
+    {
         Ok(o) => o,
         Err(e) => {
             tracing::error!(source = %info.source, error = %e, "ingest failed");
-            return reply(StatusCode::SERVICE_UNAVAILABLE, format!("could not store the body, nothing was kept; retry: {e}"));
+            return reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("could not store the body, nothing was kept; retry: {e}"),
+            );
         }
     };
     if !outcome.rejected.is_empty() {
@@ -109,7 +119,9 @@ pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bo
     let token = bearer(&headers);
     // Authenticate before reading a possibly large body.
     if token.is_none() {
-        return ingest_bytes(&state, None, None, None, &[]).await.into_response();
+        return ingest_bytes(&state, None, None, None, &[])
+            .await
+            .into_response();
     }
     let limit = state.config.limits.max_body_bytes;
     let bytes = match axum::body::to_bytes(body, limit).await {
@@ -122,7 +134,11 @@ pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bo
             .into_response()
         }
     };
-    let header_str = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
+    let header_str = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &header::HeaderValue| v.to_str().ok())
+    };
     ingest_bytes(
         &state,
         token.as_deref(),

@@ -63,7 +63,10 @@ pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 }
 
 pub(crate) fn bearer(req_headers: &axum::http::HeaderMap) -> Option<String> {
-    let value = req_headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let value = req_headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -83,7 +86,10 @@ async fn require_viewer(State(state): State<AppState>, req: Request, next: Next)
     };
     match state.store.verify_token(&token).await {
         Ok(Some(info)) if info.role == Role::Viewer => next.run(req).await,
-        Ok(_) => error(StatusCode::UNAUTHORIZED, "unknown token or not a viewer token"),
+        Ok(_) => error(
+            StatusCode::UNAUTHORIZED,
+            "unknown token or not a viewer token",
+        ),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -97,7 +103,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/summary", get(api::summary))
         .route("/api/v1/sources", get(api::sources))
         .route("/api/v1/openapi.json", get(openapi::serve))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_viewer));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_viewer,
+        ));
     Router::new()
         .merge(reads)
         .route(
@@ -105,7 +114,12 @@ pub fn router(state: AppState) -> Router {
             post(ingest::handler).layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/healthz", get(|| async { "ok\n" }))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such page or endpoint; see /api/v1/openapi.json") })
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such page or endpoint; see /api/v1/openapi.json",
+            )
+        })
         .with_state(state)
 }
 

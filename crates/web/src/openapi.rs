@@ -27,7 +27,10 @@ mod tests {
             "/api/v1/sources",
             "/api/v1/openapi.json",
         ] {
-            assert!(paths.contains_key(route), "{route} missing from openapi.json");
+            assert!(
+                paths.contains_key(route),
+                "{route} missing from openapi.json"
+            );
         }
         // Every field of the push types is in the schema, and nothing more.
         let schemas = &doc["components"]["schemas"];

@@ -61,7 +61,9 @@ impl Params {
                     p.csv = match v.as_ref() {
                         "csv" => true,
                         "json" => false,
-                        other => return Err(format!("format: must be `json` or `csv`, got `{other}`")),
+                        other => {
+                            return Err(format!("format: must be `json` or `csv`, got `{other}`"))
+                        }
                     }
                 }
                 "include_mig" => {
@@ -69,7 +71,9 @@ impl Params {
                         "true" | "1" => true,
                         "false" | "0" => false,
                         other => {
-                            return Err(format!("include_mig: must be `true` or `false`, got `{other}`"))
+                            return Err(format!(
+                                "include_mig: must be `true` or `false`, got `{other}`"
+                            ))
                         }
                     }
                 }
@@ -114,7 +118,11 @@ mod tests {
 
     #[test]
     fn filters_repeat_and_split_on_commas() {
-        let p = Params::parse(Some("team=a&team=b,c&model=NVIDIA%20L4&format=csv"), &["format"]).unwrap();
+        let p = Params::parse(
+            Some("team=a&team=b,c&model=NVIDIA%20L4&format=csv"),
+            &["format"],
+        )
+        .unwrap();
         assert_eq!(p.filters.team, ["a", "b", "c"]);
         assert_eq!(p.filters.model, ["NVIDIA L4"]);
         assert!(p.csv);
@@ -122,9 +130,15 @@ mod tests {
 
     #[test]
     fn bad_parameters_name_themselves() {
-        assert!(Params::parse(Some("tem=a"), &[]).unwrap_err().contains("unknown query parameter `tem`"));
-        assert!(Params::parse(Some("from=yesterday"), &["from"]).unwrap_err().starts_with("from:"));
-        assert!(Params::parse(Some("group_by=x"), &["group_by"]).unwrap_err().starts_with("group_by:"));
+        assert!(Params::parse(Some("tem=a"), &[])
+            .unwrap_err()
+            .contains("unknown query parameter `tem`"));
+        assert!(Params::parse(Some("from=yesterday"), &["from"])
+            .unwrap_err()
+            .starts_with("from:"));
+        assert!(Params::parse(Some("group_by=x"), &["group_by"])
+            .unwrap_err()
+            .starts_with("group_by:"));
         assert!(Params::parse(Some("from=2026-12-02&to=2026-12-01"), &["from", "to"]).is_err());
         let p = Params::parse(Some("from=2026-12-01"), &["from"]).unwrap();
         assert_eq!(p.from.unwrap().to_rfc3339(), "2026-12-01T00:00:00+00:00");

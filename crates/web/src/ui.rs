@@ -18,7 +18,7 @@ pub fn usd(v: f64) -> String {
     let digits = whole.to_string();
     let mut grouped = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(c);
@@ -31,7 +31,7 @@ pub fn count(v: i64) -> String {
     let digits = v.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -44,7 +44,8 @@ pub fn count(v: i64) -> String {
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.1} %")).unwrap_or_else(|| "unknown".into())
+    v.map(|v| format!("{v:.1} %"))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn share(part: i64, whole: i64) -> Option<f64> {
@@ -165,7 +166,13 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     let filter_label = {
         let f = &p.filters;
         let mut parts = Vec::new();
-        for (name, vals) in [("team", &f.team), ("env", &f.env), ("cloud", &f.cloud), ("cluster", &f.cluster), ("model", &f.model)] {
+        for (name, vals) in [
+            ("team", &f.team),
+            ("env", &f.env),
+            ("cloud", &f.cloud),
+            ("cluster", &f.cluster),
+            ("model", &f.model),
+        ] {
             if !vals.is_empty() {
                 parts.push(format!("{name}: {}", vals.join(", ")));
             }
@@ -188,7 +195,13 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         range_label: if p.from.is_none() && p.to.is_none() {
             "last 30 days".into()
         } else {
-            format!("{:.0} days to {}", days, chrono::DateTime::from_timestamp(window.to, 0).unwrap_or(now).format("%Y-%m-%d %H:%M UTC"))
+            format!(
+                "{:.0} days to {}",
+                days,
+                chrono::DateTime::from_timestamp(window.to, 0)
+                    .unwrap_or(now)
+                    .format("%Y-%m-%d %H:%M UTC")
+            )
         },
         filter_label,
         query_suffix,
@@ -200,7 +213,10 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         avg_activity: pct(t.avg_activity_pct),
         cost: usd(t.cost_usd),
         unpriced: if t.unpriced_gpu_hours > 0 {
-            format!("{} GPU-hours have no known rate", count(t.unpriced_gpu_hours))
+            format!(
+                "{} GPU-hours have no known rate",
+                count(t.unpriced_gpu_hours)
+            )
         } else {
             "every GPU-hour priced".into()
         },

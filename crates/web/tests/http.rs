@@ -34,25 +34,49 @@ fn now() -> DateTime<Utc> {
 async fn app(config: WebConfig) -> App {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("gpuledger-http-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let dir = std::env::temp_dir().join(format!(
+        "gpuledger-http-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let store = Store::open(&format!("sqlite://{}/t.db", dir.display()), Settings::default()).await.unwrap();
+    let store = Store::open(
+        &format!("sqlite://{}/t.db", dir.display()),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
     let mut state = AppState::new(store.clone(), config);
     state.clock = std::sync::Arc::new(now);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(gpuledger_web::serve(listener, state, std::future::pending()));
-    App { base, store, client: reqwest::Client::new(), _dir: TempDir(dir) }
+    tokio::spawn(gpuledger_web::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    App {
+        base,
+        store,
+        client: reqwest::Client::new(),
+        _dir: TempDir(dir),
+    }
 }
 
 impl App {
     async fn token(&self, source: &str, teams: &[&str]) -> String {
         let teams: Vec<String> = teams.iter().map(|s| s.to_string()).collect();
-        self.store.create_token(Role::Ingest, source, &teams).await.unwrap()
+        self.store
+            .create_token(Role::Ingest, source, &teams)
+            .await
+            .unwrap()
     }
 
     async fn push(&self, token: Option<&str>, body: Vec<u8>, gzip: bool) -> (u16, Value) {
-        let mut req = self.client.post(format!("{}/api/v1/ingest", self.base)).header("content-type", "application/json");
+        let mut req = self
+            .client
+            .post(format!("{}/api/v1/ingest", self.base))
+            .header("content-type", "application/json");
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -65,7 +89,12 @@ impl App {
     }
 
     async fn get(&self, path: &str) -> (u16, String) {
-        let resp = self.client.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         (resp.status().as_u16(), resp.text().await.unwrap())
     }
 
@@ -97,7 +126,10 @@ async fn ingest_without_or_with_unknown_token_is_401() {
     let app = app(WebConfig::default()).await;
     let (status, body) = app.push(None, bytes(&inventory()), false).await;
     assert_eq!(status, 401);
-    assert!(body["error"].as_str().unwrap().contains("Authorization: Bearer"));
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("Authorization: Bearer"));
     let (status, _) = app.push(Some("glt_nope"), bytes(&inventory()), false).await;
     assert_eq!(status, 401);
 }
@@ -114,14 +146,28 @@ async fn ingest_one_bad_sample_among_good_ones_keeps_the_good_and_names_the_bad(
     ]);
     let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
     assert_eq!(status, 200, "{reply}");
-    assert_eq!(reply["accepted"], json!({"gpus": 2, "samples": 2, "allocations": 0}));
+    assert_eq!(
+        reply["accepted"],
+        json!({"gpus": 2, "samples": 2, "allocations": 0})
+    );
     assert_eq!(
         reply["rejected"],
         json!([{"path": "samples[1].util_pct", "reason": "must be within 0..=100, got 250"}])
     );
-    let d = app.get_json(&format!("/api/v1/gpus/{A}?from=2026-12-02T00:00:00Z")).await;
-    let hour = d["hours"].as_array().unwrap().iter().find(|h| h["hour"] == "2026-12-02T10:00:00Z").unwrap().clone();
-    assert_eq!((hour["samples"].as_i64(), hour["activity_pct"].as_f64()), (Some(2), Some(50.0)));
+    let d = app
+        .get_json(&format!("/api/v1/gpus/{A}?from=2026-12-02T00:00:00Z"))
+        .await;
+    let hour = d["hours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["hour"] == "2026-12-02T10:00:00Z")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (hour["samples"].as_i64(), hour["activity_pct"].as_f64()),
+        (Some(2), Some(50.0))
+    );
 
     // Re-sending the same body stores nothing twice.
     let before = app.get_json("/api/v1/summary?from=2026-12-02").await;
@@ -129,7 +175,10 @@ async fn ingest_one_bad_sample_among_good_ones_keeps_the_good_and_names_the_bad(
     assert_eq!(status, 200);
     assert_eq!(again["duplicates"]["samples"], 2);
     assert_eq!(again["duplicates"]["gpus"], 2);
-    assert_eq!(app.get_json("/api/v1/summary?from=2026-12-02").await, before);
+    assert_eq!(
+        app.get_json("/api/v1/summary?from=2026-12-02").await,
+        before
+    );
 }
 
 #[tokio::test]
@@ -141,7 +190,10 @@ async fn ingest_team_scoped_token_writing_another_team_is_403() {
     let body = json!({"samples": [{"gpu_uuid": B, "ts": "2026-12-02T10:40:00Z", "util_pct": 40}]});
     let (status, reply) = app.push(Some(&nlp), bytes(&body), false).await;
     assert_eq!(status, 403, "{reply}");
-    assert!(reply["rejected"][0]["reason"].as_str().unwrap().contains("owned by team `vision`"));
+    assert!(reply["rejected"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("owned by team `vision`"));
     // Its own team's GPU is fine.
     let body = json!({"samples": [{"gpu_uuid": A, "ts": "2026-12-02T10:40:00Z", "util_pct": 40}]});
     assert_eq!(app.push(Some(&nlp), bytes(&body), false).await.0, 200);
@@ -149,8 +201,15 @@ async fn ingest_team_scoped_token_writing_another_team_is_403() {
 
 #[tokio::test]
 async fn ingest_limits_give_413_and_bad_bodies_400() {
-    let limits = BodyLimits { max_body_bytes: 4096, max_decompressed_bytes: 16 * 1024 };
-    let app = app(WebConfig { limits, ..Default::default() }).await;
+    let limits = BodyLimits {
+        max_body_bytes: 4096,
+        max_decompressed_bytes: 16 * 1024,
+    };
+    let app = app(WebConfig {
+        limits,
+        ..Default::default()
+    })
+    .await;
     let token = app.token("p", &[]).await;
     let big = vec![b' '; 5000];
     assert_eq!(app.push(Some(&token), big, false).await.0, 413);
@@ -163,7 +222,10 @@ async fn ingest_limits_give_413_and_bad_bodies_400() {
     assert_eq!(status, 413, "{reply}");
     let (status, reply) = app.push(Some(&token), b"{not json".to_vec(), false).await;
     assert_eq!(status, 400);
-    assert!(reply["error"].as_str().unwrap().starts_with("body is not valid JSON"));
+    assert!(reply["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("body is not valid JSON"));
     // A gzip body within the limits is read.
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     enc.write_all(&bytes(&inventory())).unwrap();
@@ -180,19 +242,50 @@ async fn query_filters_csv_and_errors() {
     assert_eq!(list["count"], 1);
     assert_eq!(list["items"][0]["uuid"], B);
     let item = &list["items"][0];
-    for field in ["uuid", "model", "memory_mib", "host", "cluster", "cloud", "region", "instance_type", "team", "env", "owner_reason", "state", "first_seen", "last_seen", "usd_per_hour", "rate_origin", "mig_parent_uuid", "mig_profile"] {
+    for field in [
+        "uuid",
+        "model",
+        "memory_mib",
+        "host",
+        "cluster",
+        "cloud",
+        "region",
+        "instance_type",
+        "team",
+        "env",
+        "owner_reason",
+        "state",
+        "first_seen",
+        "last_seen",
+        "usd_per_hour",
+        "rate_origin",
+        "mig_parent_uuid",
+        "mig_profile",
+    ] {
         assert!(item.get(field).is_some(), "missing {field}");
     }
     assert_eq!(item["state"], "present");
-    assert_eq!(app.get_json("/api/v1/gpus?team=vision,nlp").await["count"], 2);
-    assert_eq!(app.get_json("/api/v1/gpus?team=vision&team=nlp&cloud=aws").await["count"], 1);
+    assert_eq!(
+        app.get_json("/api/v1/gpus?team=vision,nlp").await["count"],
+        2
+    );
+    assert_eq!(
+        app.get_json("/api/v1/gpus?team=vision&team=nlp&cloud=aws")
+            .await["count"],
+        1
+    );
     let (status, csv) = app.get("/api/v1/gpus?format=csv&model=Tesla%20T4").await;
     assert_eq!(status, 200);
     let mut lines = csv.lines();
-    assert!(lines.next().unwrap().starts_with("uuid,model,memory_mib,host,cluster,cloud"));
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("uuid,model,memory_mib,host,cluster,cloud"));
     assert!(lines.next().unwrap().starts_with(&format!("{B},Tesla T4,")));
     assert_eq!(lines.next(), None);
-    let (status, csv) = app.get("/api/v1/summary?group_by=cloud&format=csv&from=2026-12-02").await;
+    let (status, csv) = app
+        .get("/api/v1/summary?group_by=cloud&format=csv&from=2026-12-02")
+        .await;
     assert_eq!(status, 200);
     assert!(csv.lines().any(|l| l.starts_with("aws,1,")), "{csv}");
     assert!(csv.lines().last().unwrap().starts_with("total,2,"), "{csv}");
@@ -212,7 +305,11 @@ async fn query_filters_csv_and_errors() {
 
 #[tokio::test]
 async fn page_overview_shows_totals_and_demo_label() {
-    let app = app(WebConfig { demo: true, ..Default::default() }).await;
+    let app = app(WebConfig {
+        demo: true,
+        ..Default::default()
+    })
+    .await;
     let token = app.token("p", &[]).await;
     let mut body = inventory();
     body["samples"] = json!([{"gpu_uuid": A, "ts": "2026-12-02T10:40:00Z", "util_pct": 40}]);
@@ -235,14 +332,31 @@ async fn page_overview_shows_totals_and_demo_label() {
 
 #[tokio::test]
 async fn auth_reads_need_a_viewer_token_when_configured() {
-    let app = app(WebConfig { read_requires_token: true, ..Default::default() }).await;
+    let app = app(WebConfig {
+        read_requires_token: true,
+        ..Default::default()
+    })
+    .await;
     assert_eq!(app.get("/api/v1/gpus").await.0, 401);
     assert_eq!(app.get("/").await.0, 401);
-    let viewer = app.store.create_token(Role::Viewer, "dashboards", &[]).await.unwrap();
-    let resp = app.client.get(format!("{}/api/v1/gpus", app.base)).bearer_auth(&viewer).send().await.unwrap();
+    let viewer = app
+        .store
+        .create_token(Role::Viewer, "dashboards", &[])
+        .await
+        .unwrap();
+    let resp = app
+        .client
+        .get(format!("{}/api/v1/gpus", app.base))
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let (status, reply) = app.push(Some(&viewer), bytes(&inventory()), false).await;
     assert_eq!(status, 403);
-    assert!(reply["error"].as_str().unwrap().contains("viewer token cannot write"));
+    assert!(reply["error"]
+        .as_str()
+        .unwrap()
+        .contains("viewer token cannot write"));
     assert_eq!(app.get("/healthz").await.0, 200);
 }

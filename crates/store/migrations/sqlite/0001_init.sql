@@ -93,9 +93,9 @@ CREATE TABLE gpu_days (
     idle_hours BIGINT NOT NULL,
     allocated_hours BIGINT NOT NULL,
     allocated_idle_hours BIGINT NOT NULL,
-    PRIMARY KEY (gpu_id, day)
+    -- Clustered by day: a summary reads a range of days for every GPU.
+    PRIMARY KEY (day, gpu_id)
 ) WITHOUT ROWID;
-CREATE INDEX gpu_days_day ON gpu_days (day, gpu_id);
 
 CREATE TABLE allocations (
     id INTEGER PRIMARY KEY,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test of gpuledger on a fresh machine: installs and starts what the tests need,
+# then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
+#
+# Needs: a Rust toolchain (cargo). Installs when missing: PostgreSQL (Debian package).
+# Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
+# which the store suite runs against, each test in its own schema.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+pg_up() { (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; }
+
+ensure_postgres() {
+  if ! pg_up; then
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+      log "installing PostgreSQL"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    fi
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    hba=/etc/postgresql/$version/main/pg_hba.conf
+    # The tests connect as postgres over TCP without a password (trust, local addresses only).
+    if ! grep -Eq '^host\s+all\s+all\s+127\.0\.0\.1/32\s+trust' "$hba"; then
+      log "allowing trust auth for 127.0.0.1 in $hba"
+      as_root sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    log "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 1 50); do pg_up && break; sleep 0.2; done
+  fi
+  pg_up || { echo "PostgreSQL is not reachable on 127.0.0.1:5432" >&2; exit 1; }
+  if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
+    log "creating database test"
+    psql -h 127.0.0.1 -U postgres -d postgres -c 'CREATE DATABASE test' >/dev/null
+  fi
+}
+
+ensure_postgres
+export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
+
+log "cargo test (PostgreSQL: $GPULEDGER_TEST_PG_URL)"
+cargo test --workspace --locked "$@"
