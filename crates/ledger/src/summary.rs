@@ -46,6 +46,11 @@ impl GroupBy {
 /// One physical GPU's counts over a window, as the store computes them from rollups.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuWindow {
+    pub uuid: String,
+    pub host: Option<String>,
+    pub memory_mib: Option<u64>,
+    /// Highest memory use seen in the window; `None` when no sample gave it.
+    pub mem_max_mib: Option<f64>,
     pub team: String,
     pub env: String,
     pub cloud: Option<String>,

@@ -71,19 +71,20 @@ impl IngestOutcome {
 /// threshold.
 const REROLL_DAYS: &str =
     "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
-     idle_hours, allocated_hours, allocated_idle_hours) \
+     idle_hours, allocated_hours, allocated_idle_hours, mem_max) \
      SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
      SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
      SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
      SUM(CASE WHEN act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
      SUM(allocated), \
-     SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END) \
+     SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
+     MAX(mem_max) \
      FROM gpu_hours WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
      GROUP BY gpu_id, (hour / 86400) * 86400 \
      ON CONFLICT (day, gpu_id) DO UPDATE SET present_hours = excluded.present_hours, \
      known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
      idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
-     allocated_idle_hours = excluded.allocated_idle_hours";
+     allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max";
 
 /// (GPU, hour) presence rows per INSERT statement.
 const PRESENCE_CHUNK: usize = 200;

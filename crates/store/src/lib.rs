@@ -6,6 +6,7 @@
 //! arrive (a late sample re-rolls its hour), hours roll up per UTC day, and queries read the
 //! rollups, never the raw samples.
 
+mod dash;
 mod ingest;
 mod query;
 mod tokens;
@@ -18,6 +19,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
+pub use dash::{Heatmap, IdleWorkload, SeriesPoint, UsedBy};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};
 pub use tokens::{Role, TokenInfo};

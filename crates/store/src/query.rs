@@ -78,7 +78,7 @@ impl Filters {
     }
 
     /// ` AND g.team IN ($n, ...) ...` numbered from `first`, with the values to bind in order.
-    fn clause(&self, first: usize) -> (String, Vec<String>) {
+    pub(crate) fn clause(&self, first: usize) -> (String, Vec<String>) {
         let mut sql = String::new();
         let mut binds = Vec::new();
         for (col, vals) in [
@@ -318,24 +318,24 @@ impl Store {
                 "SELECT gpu_id, 1, CASE WHEN act_n > 0 THEN 1 ELSE 0 END, \
                  CASE WHEN act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, allocated, \
                  CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, \
-                 CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END \
+                 CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END, mem_max \
                  FROM gpu_hours WHERE hour >= {lo} AND hour < {hi}"
             )
         };
         let (edge1, edge2) = (edge("$3", "$4"), edge("$5", "$6"));
         let sql = format!(
-            "SELECT g.team, g.env, g.cloud, g.cluster, g.model, g.usd_per_hour, \
-             x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act \
+            "SELECT g.uuid, g.host, g.memory_mib, g.team, g.env, g.cloud, g.cluster, g.model, \
+             g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem \
              FROM (\
                SELECT gpu_id, \
                CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
                CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(alloc) AS BIGINT) AS alloc, \
                CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
-               CAST(SUM(act) AS DOUBLE PRECISION) AS act \
+               CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem \
                FROM (\
                  SELECT gpu_id, present_hours AS present, known_hours AS known, \
                  idle_hours AS idle, allocated_hours AS alloc, \
-                 allocated_idle_hours AS alloc_idle, act_sum AS act \
+                 allocated_idle_hours AS alloc_idle, act_sum AS act, mem_max AS mem \
                  FROM gpu_days WHERE day >= $1 AND day < $2 \
                  UNION ALL {edge1} UNION ALL {edge2}\
                ) u GROUP BY gpu_id\
@@ -361,6 +361,12 @@ impl Store {
                 let known: i64 = r.try_get("known")?;
                 let idle: i64 = r.try_get("idle")?;
                 Ok(GpuWindow {
+                    uuid: r.try_get("uuid")?,
+                    host: r.try_get("host")?,
+                    memory_mib: r
+                        .try_get::<Option<i64>, _>("memory_mib")?
+                        .map(|m| m.max(0) as u64),
+                    mem_max_mib: r.try_get("mem")?,
                     team: r.try_get("team")?,
                     env: r.try_get("env")?,
                     cloud: r.try_get("cloud")?,

@@ -126,7 +126,7 @@ pub async fn gpu(
     Path(uuid): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let p = match Params::parse(q.as_deref(), &["from", "to", "format"]) {
+    let p = match Params::parse(q.as_deref(), &["from", "to", "range", "format"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
@@ -202,7 +202,7 @@ fn summary_csv_row(g: &SummaryGroup, total: bool) -> Vec<String> {
 }
 
 pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match Params::parse(q.as_deref(), &["from", "to", "group_by", "format"]) {
+    let p = match Params::parse(q.as_deref(), &["from", "to", "range", "group_by", "format"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };

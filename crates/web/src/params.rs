@@ -15,6 +15,10 @@ pub struct Params {
     pub group_by: Option<GroupBy>,
     pub csv: bool,
     pub include_mig: bool,
+    /// `range=7d` (1 to 730 days): the window's length when `from` is not given.
+    pub range_days: Option<i64>,
+    /// Page-specific parameters (sorting, paging, the table to export) by name.
+    pub extra: std::collections::BTreeMap<String, String>,
 }
 
 impl Params {
@@ -66,6 +70,15 @@ impl Params {
                         }
                     }
                 }
+                "range" => {
+                    let days = v
+                        .strip_suffix('d')
+                        .and_then(|d| d.parse::<i64>().ok())
+                        .filter(|d| (1..=730).contains(d));
+                    p.range_days = Some(days.ok_or_else(|| {
+                        format!("range: must be a number of days like `7d` (1d to 730d), got `{v}`")
+                    })?);
+                }
                 "include_mig" => {
                     p.include_mig = match v.as_ref() {
                         "true" | "1" => true,
@@ -77,7 +90,9 @@ impl Params {
                         }
                     }
                 }
-                _ => {}
+                other => {
+                    p.extra.insert(other.to_string(), v.to_string());
+                }
             }
         }
         if let (Some(f), Some(t)) = (p.from, p.to) {
@@ -91,7 +106,9 @@ impl Params {
     /// The window, defaulting to the `default_days` before `now`.
     pub fn window(&self, now: DateTime<Utc>, default_days: i64) -> Window {
         let to = self.to.unwrap_or(now);
-        let from = self.from.unwrap_or(to - Duration::days(default_days));
+        let from = self
+            .from
+            .unwrap_or(to - Duration::days(self.range_days.unwrap_or(default_days)));
         Window {
             from: from.timestamp(),
             to: to.timestamp(),
@@ -126,6 +143,20 @@ mod tests {
         assert_eq!(p.filters.team, ["a", "b", "c"]);
         assert_eq!(p.filters.model, ["NVIDIA L4"]);
         assert!(p.csv);
+    }
+
+    #[test]
+    fn range_and_page_parameters() {
+        let p = Params::parse(
+            Some("range=7d&sort=cost&page=2"),
+            &["range", "sort", "page"],
+        )
+        .unwrap();
+        assert_eq!(p.range_days, Some(7));
+        assert_eq!(p.extra["sort"], "cost");
+        assert!(Params::parse(Some("range=forever"), &["range"])
+            .unwrap_err()
+            .starts_with("range:"));
     }
 
     #[test]

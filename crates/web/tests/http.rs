@@ -326,7 +326,10 @@ async fn page_overview_shows_totals_and_demo_label() {
     let (status, filtered) = app.get("/?team=vision").await;
     assert_eq!(status, 200);
     assert!(filtered.contains(r#"id="avg-activity">unknown<"#));
-    assert!(filtered.contains("team: vision"));
+    assert!(
+        filtered.contains(r#"<option value="vision" selected>"#),
+        "the filter bar shows the filter"
+    );
     assert_eq!(app.get("/?teem=x").await.0, 400);
 }
 
@@ -359,4 +362,117 @@ async fn auth_reads_need_a_viewer_token_when_configured() {
         .unwrap()
         .contains("viewer token cannot write"));
     assert_eq!(app.get("/healthz").await.0, 200);
+}
+
+/// A small fleet with an idle allocated GPU, a missing GPU and a MIG instance, for the pages.
+async fn page_fleet(app: &App) {
+    let token = app.token("rack-push", &[]).await;
+    let body = json!({
+        "gpus": [
+            {"uuid": A, "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "host": "n1", "cluster": "c1", "cloud": "aws",
+             "labels": {"team": "nlp", "env": "prod"}, "observed_at": "2026-12-02T10:30:00Z"},
+            {"uuid": "MIG-aaaaaaaa-0000-0000-0000-0000000000a1", "model": "NVIDIA H100 80GB HBM3", "host": "n1",
+             "mig_parent_uuid": A, "mig_profile": "3g.40gb", "labels": {"team": "nlp"}, "observed_at": "2026-12-02T10:30:00Z"},
+            {"uuid": B, "model": "Tesla T4", "memory_mib": 15360, "host": "n2", "cluster": "c2", "cloud": "gcp",
+             "labels": {"team": "vision", "env": "dev"}, "observed_at": "2026-12-01T06:00:00Z"}
+        ],
+        "samples": [
+            {"gpu_uuid": A, "ts": "2026-12-02T10:40:00Z", "util_pct": 2, "mem_used_mib": 1000},
+            {"gpu_uuid": A, "ts": "2026-12-02T11:40:00Z", "util_pct": 1, "mem_used_mib": 1000},
+            {"gpu_uuid": B, "ts": "2026-12-01T06:10:00Z", "util_pct": 90}
+        ],
+        "allocations": [
+            {"gpu_uuid": A, "start": "2026-12-02T10:00:00Z", "end": null, "workload": "nlp-dev/notebook-7", "kind": "pod", "user": "ana", "team": "nlp"}
+        ]
+    });
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rejected"], json!([]));
+}
+
+#[tokio::test]
+async fn page_every_page_renders_the_same_numbers_as_the_api() {
+    let app = app(WebConfig::default()).await;
+    page_fleet(&app).await;
+    let summary = app.get_json("/api/v1/summary?range=7d").await;
+    // Overview totals equal the summary's.
+    let (_, html) = app.get("/?range=7d").await;
+    let cost = format!(
+        r#"id="cost">${:.2}<"#,
+        summary["total"]["cost_usd"].as_f64().unwrap()
+    );
+    assert!(html.contains(&cost), "{cost}");
+    assert!(html.contains(r#"id="gpu-hours">"#));
+    // The spend-by-team table's CSV is exactly what is shown, and matches the API.
+    let (status, csv) = app.get("/?range=7d&csv=spend-by-team").await;
+    assert_eq!(status, 200);
+    let nlp = summary["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["key"] == "nlp")
+        .unwrap();
+    let line = csv.lines().find(|l| l.starts_with("nlp,")).unwrap();
+    assert!(
+        line.contains(&format!("${:.2}", nlp["cost_usd"].as_f64().unwrap())),
+        "{line}"
+    );
+    assert_eq!(app.get("/?csv=nope").await.0, 400);
+
+    // Inventory: both GPUs, the MIG instance folded under its GPU, links to the GPU page.
+    let (status, inv) = app.get("/inventory?team=nlp,vision").await;
+    assert_eq!(status, 200);
+    assert!(
+        inv.contains("2 GPUs (1 present, 1 missing), 1 MIG instances"),
+        "{inv}"
+    );
+    assert!(inv.contains(r#"<tr class="child">"#));
+    assert!(
+        inv.contains(&format!(r#"href="/gpus/{A}?team=nlp&#38;team=vision""#)),
+        "filters carry over into links"
+    );
+    let (_, csv) = app.get("/inventory?csv=inventory&sort=cost").await;
+    assert_eq!(
+        csv.lines().count(),
+        1 + 3,
+        "header, two GPUs, one MIG row: {csv}"
+    );
+    assert_eq!(app.get("/inventory?sort=colour").await.0, 400);
+
+    // GPU page: attributes with their why, the allocation, provenance.
+    let (status, gpu) = app.get(&format!("/gpus/{A}")).await;
+    assert_eq!(status, 200);
+    assert!(gpu.contains("owner: nlp — label `team=nlp`"));
+    assert!(gpu.contains("nlp-dev/notebook-7"));
+    assert!(gpu.contains("built-in default (H100)"));
+    assert!(gpu.contains("rack-push at 2026-12-02 10:30"));
+    assert_eq!(app.get("/gpus/GPU-none").await.0, 404);
+
+    // Teams: owned and used, linked to the team page.
+    let (_, teams) = app.get("/teams?range=7d").await;
+    assert!(teams.contains(r#"href="/teams/nlp?range=7d""#), "{teams}");
+    let (status, team) = app.get("/teams/nlp?range=7d").await;
+    assert_eq!(status, 200);
+    assert!(team.contains("nlp-dev/notebook-7") && team.contains(A));
+
+    // Usage: series, heatmap and distribution.
+    let (status, usage) = app.get("/usage?range=7d").await;
+    assert_eq!(status, 200);
+    assert!(usage.contains("mean activity") && usage.contains("activity-distribution"));
+
+    // Waste: the allocated-idle notebook and the missing T4, each with $ per month.
+    let (status, waste) = app.get("/waste?range=7d").await;
+    assert_eq!(status, 200);
+    assert!(waste.contains("nlp-dev/notebook-7"));
+    let (_, missing) = app.get("/waste?range=7d&csv=missing").await;
+    assert!(
+        missing.contains(B) && missing.contains(",$255"),
+        "0.35 × 730 = $255.50, shown in whole dollars: {missing}"
+    );
+    assert_eq!(app.get("/waste?idle_days=0").await.0, 400);
+
+    // Sources: the pushing source with its freshness; a stale one raises the banner.
+    let (_, sources) = app.get("/sources").await;
+    assert!(sources.contains("rack-push"));
+    assert!(!sources.contains("stale-banner"));
 }

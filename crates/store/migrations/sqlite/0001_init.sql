@@ -93,6 +93,7 @@ CREATE TABLE gpu_days (
     idle_hours BIGINT NOT NULL,
     allocated_hours BIGINT NOT NULL,
     allocated_idle_hours BIGINT NOT NULL,
+    mem_max DOUBLE PRECISION,
     -- Clustered by day: a summary reads a range of days for every GPU.
     PRIMARY KEY (day, gpu_id)
 ) WITHOUT ROWID;

@@ -1,0 +1,288 @@
+//! The GPU page, the drill-down target of every other page: each attribute with the source and
+//! rule that gave it, hourly activity and memory over time, and who used it when.
+
+use askama::Template;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::charts::{lines, timeline, Series};
+use super::{col, count, frame, internal, parse, pct, respond, usd, Cell, Frame, Table};
+use crate::{error, AppState};
+
+#[derive(Template)]
+#[template(path = "gpu.html")]
+pub struct GpuPage {
+    pub frame: Frame,
+    pub uuid: String,
+    pub attrs: Vec<(String, String, String)>,
+    pub hours: String,
+    pub activity: String,
+    pub cost: String,
+    pub alloc_idle_cost: String,
+    pub activity_svg: String,
+    pub memory_svg: String,
+    pub timeline_svg: String,
+    pub allocations: Table,
+    pub provenance: Table,
+}
+
+pub async fn gpu_page(
+    State(state): State<AppState>,
+    Path(uuid): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let p = match parse(q.as_deref(), &[]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let now = state.now();
+    let window = p.window(now, 7);
+    let (detail, sources) = match tokio::try_join!(
+        state.store.gpu_detail(&uuid, window, now),
+        state.store.sources(now)
+    ) {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let Some(d) = detail else {
+        return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`"));
+    };
+    let mut p_frame = p.clone();
+    if p.range_days.is_none() && p.from.is_none() {
+        p_frame.range_days = Some(7);
+    }
+    let f = match frame(&state, &p_frame, &format!("/gpus/{uuid}"), "GPU", &sources).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let g = &d.gpu;
+    let said_by = |attr: &str| {
+        let by: Vec<String> = d
+            .provenance
+            .iter()
+            .filter(|x| x.attribute == attr)
+            .map(|x| format!("{} at {}", x.source, x.observed_at.format("%Y-%m-%d %H:%M")))
+            .collect();
+        if by.is_empty() {
+            String::new()
+        } else {
+            format!("from {}", by.join("; "))
+        }
+    };
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
+    let mut attrs = vec![
+        ("Model".to_string(), g.model.clone(), said_by("model")),
+        (
+            "Memory".into(),
+            g.memory_mib
+                .map(|m| format!("{} MiB", count(m as i64)))
+                .unwrap_or_else(|| "unknown".into()),
+            said_by("memory_mib"),
+        ),
+        ("Host".into(), opt(&g.host), said_by("host")),
+        ("Cluster".into(), opt(&g.cluster), said_by("cluster")),
+        (
+            "Cloud / region".into(),
+            format!("{} / {}", opt(&g.cloud), opt(&g.region)),
+            said_by("cloud"),
+        ),
+        (
+            "Instance type".into(),
+            opt(&g.instance_type),
+            said_by("instance_type"),
+        ),
+        (
+            "Owner (team)".into(),
+            g.team.clone(),
+            g.owner_reason.clone(),
+        ),
+        ("Environment".into(), g.env.clone(), said_by("labels.env")),
+        (
+            "State".into(),
+            g.state.as_str().to_string(),
+            format!(
+                "first seen {}, last seen {}",
+                g.first_seen.format("%Y-%m-%d %H:%M"),
+                g.last_seen.format("%Y-%m-%d %H:%M UTC")
+            ),
+        ),
+        (
+            "Hourly rate".into(),
+            g.usd_per_hour
+                .map(|r| format!("${r:.4}/h"))
+                .unwrap_or_else(|| "unknown".into()),
+            format!("origin: {}", g.rate_origin),
+        ),
+        (
+            "Serial / PCI".into(),
+            format!("{} / {}", opt(&g.serial), opt(&g.pci_bus_id)),
+            said_by("serial"),
+        ),
+        (
+            "Primary source".into(),
+            g.source.clone(),
+            "the first source to report it; other sources only fill gaps".into(),
+        ),
+    ];
+    if let Some(parent) = &g.mig_parent_uuid {
+        attrs.push((
+            "MIG instance of".into(),
+            parent.clone(),
+            format!("profile {}", g.mig_profile.clone().unwrap_or_default()),
+        ));
+    }
+    if !d.mig_children.is_empty() {
+        attrs.push((
+            "MIG instances".into(),
+            d.mig_children.join(", "),
+            String::new(),
+        ));
+    }
+    if g.placeholder {
+        attrs.push((
+            "Placeholder".into(),
+            "yes".into(),
+            "a count-only source knows this GPU exists; a UUID-aware source will name it".into(),
+        ));
+    }
+    let thr = state.store.settings().idle_threshold_pct;
+    let known: Vec<f64> = d.hours.iter().filter_map(|h| h.activity_pct).collect();
+    let avg = (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64);
+    let rate = g.usd_per_hour;
+    let alloc_idle = d
+        .hours
+        .iter()
+        .filter(|h| h.allocated && h.activity_pct.is_some_and(|a| a < thr))
+        .count();
+    let labels: Vec<String> = d
+        .hours
+        .iter()
+        .map(|h| h.hour.format("%m-%d %H:00").to_string())
+        .collect();
+    let activity_svg = lines(
+        "Hourly activity",
+        &labels,
+        &[
+            Series {
+                name: "activity (% of hour, gaps = unknown)".into(),
+                color: "var(--busy)".into(),
+                values: d.hours.iter().map(|h| h.activity_pct).collect(),
+            },
+            Series {
+                name: format!("idle threshold {thr} %"),
+                color: "var(--idle)".into(),
+                values: d.hours.iter().map(|_| Some(thr)).collect(),
+            },
+        ],
+        100.0,
+        " %",
+    );
+    let mem_cap = g.memory_mib.map(|m| m as f64);
+    let mem_max = d
+        .hours
+        .iter()
+        .filter_map(|h| h.mem_used_mib_max)
+        .fold(0.0, f64::max);
+    let memory_svg = lines(
+        "Peak memory used per hour",
+        &labels,
+        &[Series {
+            name: "peak memory used (MiB)".into(),
+            color: "var(--alloc)".into(),
+            values: d.hours.iter().map(|h| h.mem_used_mib_max).collect(),
+        }],
+        mem_cap.unwrap_or(mem_max).max(1.0),
+        "",
+    );
+    let end = window.to.min(now.timestamp());
+    let rows: Vec<(String, i64, i64, bool)> = d
+        .allocations
+        .iter()
+        .take(20)
+        .map(|a| {
+            let who = a
+                .user
+                .clone()
+                .or(a.team.clone())
+                .map(|u| format!(" ({u})"))
+                .unwrap_or_default();
+            (
+                format!("{}{who}", a.workload),
+                a.start.timestamp().max(window.from),
+                a.end.map(|e| e.timestamp()).unwrap_or(end).min(end),
+                a.end.is_none(),
+            )
+        })
+        .collect();
+    let timeline_svg = timeline("Allocations on this GPU", window.from, end, &rows);
+    let mut allocations = Table::new(
+        "allocations",
+        &f,
+        vec![
+            col(
+                "Workload",
+                "Pod, job, process or reservation holding the GPU.",
+            ),
+            col("Kind", "pod, slurm_job, process, reservation or other."),
+            col("User", "Who ran it, when the source says."),
+            col("Used by", "The team the allocation names."),
+            col("Start", "When it started (UTC)."),
+            col("End", "When it ended; 'running' while open."),
+            col("Source", "Which source reported it."),
+        ],
+    );
+    for a in &d.allocations {
+        allocations.push(vec![
+            Cell::text(a.workload.clone()),
+            Cell::text(a.kind.clone()),
+            Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
+            Cell::text(
+                a.end
+                    .map(|e| e.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "running".into()),
+            ),
+            Cell::text(a.source.clone()),
+        ]);
+    }
+    let mut provenance = Table::new(
+        "provenance",
+        &f,
+        vec![
+            col("Attribute", "The attribute as the source sent it."),
+            col("Value", "What the source said."),
+            col("Source", "Which source said it."),
+            col("Observed", "When it was observed (UTC)."),
+        ],
+    );
+    for x in &d.provenance {
+        provenance.push(vec![
+            Cell::text(x.attribute.clone()),
+            Cell::text(x.value.clone()),
+            Cell::text(x.source.clone()),
+            Cell::text(x.observed_at.format("%Y-%m-%d %H:%M").to_string()),
+        ]);
+    }
+    let page = GpuPage {
+        uuid: g.uuid.clone(),
+        attrs,
+        hours: count(d.hours.len() as i64),
+        activity: pct(avg),
+        cost: rate
+            .map(|r| usd(r * d.hours.len() as f64))
+            .unwrap_or_else(|| "unknown".into()),
+        alloc_idle_cost: rate
+            .map(|r| usd(r * alloc_idle as f64))
+            .unwrap_or_else(|| "unknown".into()),
+        activity_svg,
+        memory_svg,
+        timeline_svg,
+        allocations,
+        provenance,
+        frame: f,
+    };
+    let tables = [&page.allocations, &page.provenance];
+    respond(&page, &tables, &p)
+}

@@ -1,0 +1,279 @@
+//! The Teams pages: per team, GPUs owned against GPUs used, cost, idle cost and the activity
+//! trend week over week; one team's page lists its GPUs and the workloads on them.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::Response;
+use chrono::Duration;
+use gpuledger_ledger::GroupBy;
+use gpuledger_store::Window;
+
+use super::overview::spend_table;
+use super::{col, count, frame, internal, ncol, parse, pct, respond, usd, Cell, Frame, Table};
+use crate::AppState;
+
+#[derive(Template)]
+#[template(path = "teams.html")]
+pub struct TeamsPage {
+    pub frame: Frame,
+    pub table: Table,
+}
+
+fn trend(this: Option<f64>, last: Option<f64>) -> (String, f64) {
+    match (this, last) {
+        (Some(a), Some(b)) => {
+            let d = a - b;
+            let arrow = if d > 0.5 {
+                "▲"
+            } else if d < -0.5 {
+                "▼"
+            } else {
+                "="
+            };
+            (
+                format!("{arrow} {d:+.1} pts ({} → {})", pct(Some(b)), pct(Some(a))),
+                d,
+            )
+        }
+        (Some(a), None) => (format!("new ({})", pct(Some(a))), 0.0),
+        _ => ("unknown".into(), 0.0),
+    }
+}
+
+pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match parse(q.as_deref(), &[]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let now = state.now();
+    let window = p.window(now, 30);
+    let store = &state.store;
+    let n = now.timestamp();
+    let this_week = Window {
+        from: (now - Duration::days(7)).timestamp(),
+        to: n,
+    };
+    let last_week = Window {
+        from: (now - Duration::days(14)).timestamp(),
+        to: (now - Duration::days(7)).timestamp(),
+    };
+    let (owned, used, wk, prev, sources) = match tokio::try_join!(
+        store.summary(window, &p.filters, GroupBy::Team, now),
+        store.used_by(window, &p.filters, now),
+        store.summary(this_week, &p.filters, GroupBy::Team, now),
+        store.summary(last_week, &p.filters, GroupBy::Team, now),
+        store.sources(now),
+    ) {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let f = match frame(&state, &p, "/teams", "Teams", &sources).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let used: BTreeMap<&str, &gpuledger_store::UsedBy> =
+        used.iter().map(|u| (u.team.as_str(), u)).collect();
+    let act = |s: &gpuledger_model::Summary, k: &str| {
+        s.groups
+            .iter()
+            .find(|g| g.key == k)
+            .and_then(|g| g.avg_activity_pct)
+    };
+    let mut table = Table::new(
+        "teams",
+        &f,
+        vec![
+            col("Team", "Owner team; follow it for its GPUs and workloads."),
+            ncol(
+                "GPUs owned",
+                "Physical GPUs it owns that were present in the range.",
+            ),
+            ncol(
+                "GPUs used",
+                "Distinct GPUs its allocations held in the range (any owner).",
+            ),
+            ncol(
+                "Allocated h (used)",
+                "Hours of its allocations in the range, on any team's GPUs.",
+            ),
+            ncol(
+                "Cost",
+                "Σ present hours × rate of the GPUs it owns (charged to the owner).",
+            ),
+            ncol("Idle cost", "Σ idle hours × rate of the GPUs it owns."),
+            ncol(
+                "Avg activity",
+                "Mean hourly activity of its GPUs over known hours in the range.",
+            ),
+            ncol(
+                "Week over week",
+                "Average activity in the last 7 days against the 7 days before.",
+            ),
+        ],
+    );
+    let mut keys: Vec<String> = owned.groups.iter().map(|g| g.key.clone()).collect();
+    for k in used.keys() {
+        if !keys.iter().any(|x| x == k) {
+            keys.push(k.to_string());
+        }
+    }
+    for k in keys {
+        let g = owned
+            .groups
+            .iter()
+            .find(|g| g.key == k)
+            .cloned()
+            .unwrap_or_default();
+        let u = used.get(k.as_str());
+        let (t, dv) = trend(act(&wk, &k), act(&prev, &k));
+        table.push(vec![
+            Cell::text(k.clone()).link(f.link(&format!("/teams/{}", super::enc(&k)))),
+            Cell::num(count(g.gpus), g.gpus as f64),
+            Cell::num(
+                u.map(|u| count(u.gpus)).unwrap_or_else(|| "0".into()),
+                u.map(|u| u.gpus as f64).unwrap_or(0.0),
+            ),
+            Cell::num(
+                u.map(|u| count(u.allocated_hours.round() as i64))
+                    .unwrap_or_else(|| "0".into()),
+                u.map(|u| u.allocated_hours).unwrap_or(0.0),
+            ),
+            Cell::num(usd(g.cost_usd), g.cost_usd),
+            Cell::num(usd(g.idle_cost_usd), g.idle_cost_usd),
+            Cell::num(pct(g.avg_activity_pct), g.avg_activity_pct.unwrap_or(-1.0)),
+            Cell::num(t, dv),
+        ]);
+    }
+    let page = TeamsPage { table, frame: f };
+    let tables = [&page.table];
+    respond(&page, &tables, &p)
+}
+
+#[derive(Template)]
+#[template(path = "team.html")]
+pub struct TeamPage {
+    pub frame: Frame,
+    pub team: String,
+    pub summary: Table,
+    pub gpus: Table,
+    pub workloads: Table,
+}
+
+pub async fn team_page(
+    State(state): State<AppState>,
+    Path(team): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let mut p = match parse(q.as_deref(), &[]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let now = state.now();
+    let window = p.window(now, 30);
+    let store = &state.store;
+    let sources = match store.sources(now).await {
+        Ok(s) => s,
+        Err(e) => return internal(e),
+    };
+    let f = match frame(
+        &state,
+        &p,
+        &format!("/teams/{team}"),
+        &format!("Team {team}"),
+        &sources,
+    )
+    .await
+    {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    p.filters.team = vec![team.clone()];
+    let (by_env, gpus, windows, allocs) = match tokio::try_join!(
+        store.summary(window, &p.filters, GroupBy::Env, now),
+        store.list_gpus(&p.filters, false, now),
+        store.gpu_windows(window, &p.filters, now),
+        store.allocations_in(window, &p.filters, 200),
+    ) {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let mut groups = by_env.groups.clone();
+    let mut total = by_env.total.clone();
+    total.key = "total".into();
+    groups.push(total);
+    let summary = spend_table("team-by-env", &f, "Environment", &groups, |_| None);
+    let by_uuid: BTreeMap<&str, &gpuledger_ledger::GpuWindow> =
+        windows.iter().map(|w| (w.uuid.as_str(), w)).collect();
+    let mut table = Table::new(
+        "team-gpus",
+        &f,
+        vec![
+            col("GPU", "Follow it for its timeline."),
+            col("Model", "GPU model."),
+            col("Host", "Host."),
+            col("Env", "Environment."),
+            col("State", "present or missing."),
+            ncol(
+                "Activity",
+                "Mean hourly activity over known hours in the range.",
+            ),
+            ncol("Cost", "Present hours × rate in the range."),
+        ],
+    );
+    for g in &gpus {
+        let w = by_uuid.get(g.uuid.as_str());
+        let a = w.and_then(|w| (w.known_hours > 0).then(|| w.activity_sum / w.known_hours as f64));
+        let c = w.and_then(|w| w.usd_per_hour.map(|r| r * w.present_hours as f64));
+        table.push(vec![
+            Cell::text(g.uuid.clone()).link(f.link(&format!("/gpus/{}", g.uuid))),
+            Cell::text(g.model.clone()),
+            Cell::text(g.host.clone().unwrap_or_default()),
+            Cell::text(g.env.clone()),
+            Cell::text(g.state.as_str()),
+            Cell::num(pct(a), a.unwrap_or(-1.0)),
+            Cell::num(
+                c.map(usd).unwrap_or_else(|| "unknown".into()),
+                c.unwrap_or(-1.0),
+            ),
+        ]);
+    }
+    let mut workloads = Table::new(
+        "team-workloads",
+        &f,
+        vec![
+            col("Workload", "Allocation on one of the team's GPUs."),
+            col("Kind", "pod, slurm_job, process, reservation or other."),
+            col("GPU", "The GPU it held."),
+            col("User", "Who ran it."),
+            col("Used by", "The team the allocation names."),
+            col("Start", "UTC."),
+            col("End", "UTC, or running."),
+        ],
+    );
+    for a in &allocs {
+        workloads.push(vec![
+            Cell::text(a.workload.clone()),
+            Cell::text(a.kind.clone()),
+            Cell::text(a.gpu_uuid.clone()).link(f.link(&format!("/gpus/{}", a.gpu_uuid))),
+            Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
+            Cell::text(
+                a.end
+                    .map(|e| e.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "running".into()),
+            ),
+        ]);
+    }
+    let page = TeamPage {
+        team,
+        summary,
+        gpus: table,
+        workloads,
+        frame: f,
+    };
+    let tables = [&page.summary, &page.gpus, &page.workloads];
+    respond(&page, &tables, &p)
+}
