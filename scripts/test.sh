@@ -2,9 +2,12 @@
 # Runs every test of gpuledger on a fresh machine: installs and starts what the tests need,
 # then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
 #
-# Needs: a Rust toolchain (cargo). Installs when missing: PostgreSQL (Debian package).
+# Needs: a Rust toolchain (cargo). Installs when missing (Debian packages): PostgreSQL, and
+# Chromium with its WebDriver for the browser end-to-end test.
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
-# which the store suite runs against, each test in its own schema.
+# which the store suite runs against, each test in its own schema. The browser test starts its
+# own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
+# target/screenshots/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +42,17 @@ ensure_postgres() {
   fi
 }
 
+ensure_browser() {
+  if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    log "installing chromium and chromium-driver"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+  fi
+}
+
 ensure_postgres
+ensure_browser
+export GPULEDGER_REQUIRE_BROWSER=1
 export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 

@@ -42,6 +42,13 @@ impl Params {
                 }
                 continue;
             }
+            // An empty form field (an unset date in the filter bar) means "not given".
+            if v.is_empty()
+                && ["from", "to", "range"].contains(&k.as_ref())
+                && allowed.contains(&k.as_ref())
+            {
+                continue;
+            }
             if !allowed.contains(&k.as_ref()) {
                 let mut known = vec!["team", "env", "cloud", "cluster", "model"];
                 known.extend_from_slice(allowed);
@@ -171,7 +178,8 @@ mod tests {
             .unwrap_err()
             .starts_with("group_by:"));
         assert!(Params::parse(Some("from=2026-12-02&to=2026-12-01"), &["from", "to"]).is_err());
-        let p = Params::parse(Some("from=2026-12-01"), &["from"]).unwrap();
+        let p = Params::parse(Some("from=2026-12-01&to="), &["from", "to"]).unwrap();
+        assert!(p.to.is_none(), "an empty form field is not given");
         assert_eq!(p.from.unwrap().to_rfc3339(), "2026-12-01T00:00:00+00:00");
     }
 }
