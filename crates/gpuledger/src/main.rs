@@ -96,6 +96,9 @@ struct DemoArgs {
     /// Load the history, print the summary and exit instead of serving.
     #[arg(long)]
     load_only: bool,
+    /// Load the history, time every dashboard page (median of 10 renders) and exit.
+    #[arg(long)]
+    bench_pages: bool,
 }
 
 #[derive(Args)]
@@ -271,6 +274,9 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if args.bench_pages {
+        return bench_pages(state, &demo).await;
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -296,6 +302,80 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     });
     spawn_maintenance(store);
     gpuledger_web::serve(listener, state, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// GET `path` over a plain HTTP/1.1 connection; returns the status line's code and body size.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, usize)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let head = String::from_utf8_lossy(&buf[..buf.len().min(64)]).to_string();
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, buf.len()))
+}
+
+/// Time each page of the dashboard on the loaded demo: the server renders it from the store
+/// for every request (no caching), so this is the server-side render time plus a loopback hop.
+async fn bench_pages(state: AppState, demo: &demo::Demo) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(gpuledger_web::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    let gpu = demo.hosts[0].uuid(0);
+    let pages = [
+        ("overview", "/".to_string()),
+        ("overview, team filter", "/?team=nlp".to_string()),
+        ("inventory", "/inventory".to_string()),
+        ("gpu", format!("/gpus/{gpu}")),
+        ("teams", "/teams".to_string()),
+        ("team", "/teams/nlp".to_string()),
+        ("usage", "/usage".to_string()),
+        ("waste", "/waste".to_string()),
+        ("sources", "/sources".to_string()),
+        ("api summary", "/api/v1/summary".to_string()),
+        ("api gpus", "/api/v1/gpus".to_string()),
+    ];
+    println!(
+        "{:<24} {:>10} {:>10} {:>10}",
+        "page", "median ms", "max ms", "KiB"
+    );
+    for (name, path) in pages {
+        let mut times = Vec::new();
+        let mut size = 0;
+        for i in 0..11 {
+            let t = std::time::Instant::now();
+            let (code, bytes) = tokio::task::spawn_blocking({
+                let path = path.clone();
+                move || http_get(addr, &path)
+            })
+            .await??;
+            anyhow::ensure!(code == 200, "{path} answered {code}");
+            if i > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            size = bytes;
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{name:<24} {:>10.1} {:>10.1} {:>10}",
+            times[times.len() / 2],
+            times[times.len() - 1],
+            size / 1024
+        );
+    }
     Ok(())
 }
 

@@ -144,31 +144,46 @@ impl Store {
     ) -> Result<Heatmap> {
         let (lo, hi) = window.hours(now.timestamp());
         let (clause, binds) = self.filtered_ids_clause(filters, 3);
-        // 1970-01-01 was a Thursday: (days + 3) % 7 is 0 on Mondays.
+        // Sum per clock hour in SQL (a streaming scan of the covering hour index) and fold the
+        // hours into weekday × hour of day here. Without filters, skip the join: MIG instances
+        // are the only GPUs to leave out, and they are few.
+        let scope = if filters.is_empty() {
+            "FROM gpu_hours h WHERE h.hour >= $1 AND h.hour < $2 AND h.act_n > 0 \
+             AND h.gpu_id NOT IN (SELECT id FROM gpus WHERE mig_parent_uuid IS NOT NULL)"
+                .to_string()
+        } else {
+            format!(
+                "FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id WHERE h.hour >= $1 AND h.hour < $2 \
+                 AND h.act_n > 0 AND g.mig_parent_uuid IS NULL{clause}"
+            )
+        };
         let sql = format!(
-            "SELECT ((h.hour / 86400) + 3) % 7 AS wd, (h.hour % 86400) / 3600 AS hd, \
-             COUNT(*) AS n, CAST(SUM(h.act_sum / h.act_n) AS DOUBLE PRECISION) AS act \
-             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id \
-             WHERE h.hour >= $1 AND h.hour < $2 AND h.act_n > 0 AND g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY ((h.hour / 86400) + 3) % 7, (h.hour % 86400) / 3600"
+            "SELECT h.hour AS hour, COUNT(*) AS n, \
+             CAST(SUM(h.act_sum / h.act_n) AS DOUBLE PRECISION) AS act {scope} GROUP BY h.hour"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql).persistent(false).bind(lo).bind(hi);
         for b in binds {
             q = q.bind(b);
         }
+        let mut sums = vec![vec![0.0f64; 24]; 7];
         let mut map = Heatmap {
             cells: vec![vec![None; 24]; 7],
             hours: vec![vec![0; 24]; 7],
         };
         for r in q.fetch_all(self.pool()).await? {
-            let wd: i64 = r.try_get("wd")?;
-            let hd: i64 = r.try_get("hd")?;
+            let hour: i64 = r.try_get("hour")?;
             let n: i64 = r.try_get("n")?;
             let act: f64 = r.try_get("act")?;
-            if (0..7).contains(&wd) && (0..24).contains(&hd) && n > 0 {
-                map.cells[wd as usize][hd as usize] = Some(act / n as f64);
-                map.hours[wd as usize][hd as usize] = n;
+            // 1970-01-01 was a Thursday: (days + 3) % 7 is 0 on Mondays.
+            let wd = (hour.div_euclid(86_400) + 3).rem_euclid(7) as usize;
+            let hd = (hour.rem_euclid(86_400) / 3600) as usize;
+            map.hours[wd][hd] += n;
+            sums[wd][hd] += act;
+        }
+        for (cells, (hours, sums)) in map.cells.iter_mut().zip(map.hours.iter().zip(&sums)) {
+            for (cell, (n, sum)) in cells.iter_mut().zip(hours.iter().zip(sums)) {
+                *cell = (*n > 0).then(|| sum / *n as f64);
             }
         }
         Ok(map)

@@ -131,7 +131,8 @@ impl Store {
                         Backend::Sqlite => {
                             conn.execute(
                                 "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                                 PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;",
+                                 PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; \
+                                 PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;",
                             )
                             .await?;
                         }

@@ -82,7 +82,8 @@ CREATE TABLE gpu_hours (
     allocated BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (gpu_id, hour)
 ) WITHOUT ROWID;
-CREATE INDEX gpu_hours_hour ON gpu_hours (hour);
+-- Covering, so fleet-wide scans by hour (summary edges, series, heatmap) never touch the table.
+CREATE INDEX gpu_hours_hour ON gpu_hours (hour, gpu_id, act_n, act_sum, allocated, mem_max);
 
 CREATE TABLE gpu_days (
     gpu_id BIGINT NOT NULL,

@@ -4,7 +4,7 @@
 use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::response::Response;
-use gpuledger_ledger::GroupBy;
+use gpuledger_ledger::{summarize, GroupBy};
 use gpuledger_model::{GpuState, SummaryGroup};
 
 use super::charts::{stacked, Series};
@@ -105,9 +105,8 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     let window = p.window(now, 30);
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (by_team, by_env, gpus, sources, series) = match tokio::try_join!(
-        store.summary(window, &p.filters, GroupBy::Team, now),
-        store.summary(window, &p.filters, GroupBy::Env, now),
+    let (windows, gpus, sources, series) = match tokio::try_join!(
+        store.gpu_windows(window, &p.filters, now),
         store.list_gpus(&p.filters, false, now),
         store.sources(now),
         store.series(window, &p.filters, daily, now),
@@ -115,15 +114,18 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         Ok(v) => v,
         Err(e) => return internal(e),
     };
+    // One read of the per-GPU counts serves both groupings and the waste findings.
+    let (team_groups, total) = summarize(&windows, GroupBy::Team);
+    let (env_groups, _) = summarize(&windows, GroupBy::Env);
     let f = match frame(&state, &p, "/", "Fleet overview", &sources).await {
         Ok(f) => f,
         Err(r) => return r,
     };
-    let found = match super::waste::findings(&state, &p, &f, 7).await {
+    let found = match super::waste::findings(&state, &p, &f, 7, &gpus, &windows).await {
         Ok(x) => x,
         Err(r) => return r,
     };
-    let t = &by_team.total;
+    let t = &total;
     let present = gpus.iter().filter(|g| g.state == GpuState::Present).count() as i64;
     let width = |part: i64| {
         share(part, t.gpu_hours)
@@ -227,8 +229,8 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         unknown_w: width(t.unknown_hours),
         bucket: if daily { "day" } else { "hour" },
         trend_svg,
-        by_team: spend_table("spend-by-team", &f, "Team", &by_team.groups, team_link),
-        by_env: spend_table("spend-by-env", &f, "Environment", &by_env.groups, env_link),
+        by_team: spend_table("spend-by-team", &f, "Team", &team_groups, team_link),
+        by_env: spend_table("spend-by-env", &f, "Environment", &env_groups, env_link),
         top_waste,
         freshness: sources
             .iter()

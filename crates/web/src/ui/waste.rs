@@ -37,28 +37,27 @@ fn days_between(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
 }
 
 /// Everything the Waste page lists, for the window and filters of `p`.
+/// `gpus` and `windows` are the page's GPU list and per-GPU counts for the same filters.
 pub async fn findings(
     state: &AppState,
     p: &Params,
     f: &Frame,
     idle_days: i64,
+    gpus: &[gpuledger_model::GpuView],
+    windows: &[gpuledger_ledger::GpuWindow],
 ) -> Result<Findings, Response> {
     let store = &state.store;
     let now = state.now();
     let window = p.window(now, 30);
     let range_hours = ((window.to.min(now.timestamp()) - window.from) as f64 / 3600.0).max(1.0);
     let per_month = HOURS_PER_MONTH / range_hours;
-    let gpus = store
-        .list_gpus(&p.filters, false, now)
-        .await
-        .map_err(internal)?;
     let by_uuid: std::collections::HashMap<&str, &gpuledger_model::GpuView> =
         gpus.iter().map(|g| (g.uuid.as_str(), g)).collect();
-    let last_busy = store.last_busy_days(&p.filters).await.map_err(internal)?;
-    let windows = store
-        .gpu_windows(window, &p.filters, now)
-        .await
-        .map_err(internal)?;
+    let (last_busy, workloads) = tokio::try_join!(
+        store.last_busy_days(&p.filters),
+        store.idle_workloads(window, &p.filters, now),
+    )
+    .map_err(internal)?;
     let mut all = Vec::new();
 
     let mut idle = Table::new("idle-gpus", f, vec![
@@ -147,10 +146,6 @@ pub async fn findings(
             ),
         ],
     );
-    let workloads = store
-        .idle_workloads(window, &p.filters, now)
-        .await
-        .map_err(internal)?;
     for w in workloads.iter().take(100) {
         let month = w.cost_usd * per_month;
         let team = w.used_by.clone().unwrap_or_else(|| w.owner.clone());
@@ -335,7 +330,15 @@ pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         Ok(f) => f,
         Err(r) => return r,
     };
-    let found = match findings(&state, &p, &f, idle_days).await {
+    let now = state.now();
+    let (gpus, windows) = match tokio::try_join!(
+        state.store.list_gpus(&p.filters, false, now),
+        state.store.gpu_windows(p.window(now, 30), &p.filters, now),
+    ) {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let found = match findings(&state, &p, &f, idle_days, &gpus, &windows).await {
         Ok(x) => x,
         Err(r) => return r,
     };
