@@ -3,6 +3,7 @@
 
 mod config;
 mod demo;
+mod pull;
 
 use std::path::PathBuf;
 
@@ -173,15 +174,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .listen
         .or(cfg.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".into());
-    if !cfg.collectors.is_empty() {
-        anyhow::bail!(
-            "the config names pull collectors, but this build has none; remove [[collectors]]"
-        );
-    }
+    let collectors = pull::build_all(&cfg.collectors)?;
     let store = Store::open(&url, cfg.settings.clone())
         .await
         .with_context(|| format!("opening database {url}"))?;
     spawn_maintenance(store.clone());
+    for (collector, interval) in collectors {
+        tracing::info!(source = %collector.name(), kind = %collector.kind(), interval_secs = interval.as_secs(), "collector started");
+        pull::spawn(store.clone(), collector, interval);
+    }
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;

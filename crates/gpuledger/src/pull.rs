@@ -1,0 +1,215 @@
+//! Running pull collectors inside `serve`: each configured collector runs on its own interval,
+//! its observations take the same validation and storage path as a push (as the source named
+//! in its config entry), and a failing collector marks its source `error` and backs off while
+//! the others go on.
+
+use std::time::Duration;
+
+use gpuledger_collect::Collector;
+use gpuledger_ledger::validate_body;
+use gpuledger_model::{Observation, PushBody};
+use gpuledger_store::{IngestOutcome, Principal, Store};
+
+use crate::config::CollectorEntry;
+
+/// Store one run's observations as `principal` would push them.
+pub async fn store_observations(
+    store: &Store,
+    principal: &Principal,
+    observations: Vec<Observation>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<IngestOutcome> {
+    let mut body = PushBody::default();
+    let mut counts = Vec::new();
+    for o in observations {
+        match o {
+            Observation::Gpu { gpu, .. } => body.gpus.push(gpu),
+            Observation::Sample { sample, .. } => body.samples.push(sample),
+            Observation::Allocation { allocation, .. } => body.allocations.push(allocation),
+            Observation::HostGpuCount {
+                host,
+                count,
+                model,
+                cluster,
+                provenance,
+            } => counts.push((host, count, model, cluster, provenance.observed_at)),
+        }
+    }
+    // The same checks as a push: a collector's bad record is refused with its reason.
+    let value = serde_json::to_value(&body)?;
+    let serde_json::Value::Object(map) = value else {
+        anyhow::bail!("observations did not serialize to an object");
+    };
+    let validated = validate_body(map, now, store.settings().max_future_skew_secs);
+    let outcome = store.ingest(principal, validated, now).await?;
+    for (host, count, model, cluster, at) in counts {
+        store
+            .observe_host_gpu_count(
+                principal,
+                &host,
+                count,
+                model.as_deref(),
+                cluster.as_deref(),
+                at,
+            )
+            .await?;
+    }
+    Ok(outcome)
+}
+
+/// Build every configured collector, failing fast on a bad entry.
+pub fn build_all(
+    entries: &[CollectorEntry],
+) -> anyhow::Result<Vec<(Box<dyn Collector>, Duration)>> {
+    entries
+        .iter()
+        .map(|e| {
+            let interval = e
+                .table
+                .get("interval_secs")
+                .and_then(|i| i.as_integer())
+                .unwrap_or(60)
+                .clamp(10, 3600) as u64;
+            gpuledger_collect::build(&e.kind, &e.name, &e.table.to_string())
+                .map(|c| (c, Duration::from_secs(interval)))
+                .map_err(|err| anyhow::anyhow!("collector `{}` ({}): {err}", e.name, e.kind))
+        })
+        .collect()
+}
+
+/// Run one collector forever: on its interval when healthy, with exponential backoff (up to
+/// ten intervals) after failures.
+pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
+    tokio::spawn(async move {
+        let principal = Principal {
+            source: collector.name().to_string(),
+            teams: None,
+            kind: collector.kind().to_string(),
+        };
+        let mut failures: u32 = 0;
+        loop {
+            let now = chrono::Utc::now();
+            let result = match collector.collect().await {
+                Ok(obs) => store_observations(&store, &principal, obs, now).await,
+                Err(e) => Err(anyhow::anyhow!(e.to_string())),
+            };
+            match result {
+                Ok(outcome) => {
+                    failures = 0;
+                    tracing::debug!(
+                        source = %principal.source,
+                        gpus = outcome.accepted.gpus,
+                        samples = outcome.accepted.samples,
+                        rejected = outcome.rejected.len(),
+                        "collector run stored"
+                    );
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(source = %principal.source, kind = %principal.kind, error = %e, failures, "collector run failed");
+                    if let Err(e2) = store
+                        .record_source_error(
+                            &principal.source,
+                            &principal.kind,
+                            &e.to_string(),
+                            now,
+                        )
+                        .await
+                    {
+                        tracing::warn!(source = %principal.source, error = %e2, "could not record the collector's error");
+                    }
+                }
+            }
+            let wait = interval * 2u32.saturating_pow(failures.min(4)).min(10);
+            tokio::time::sleep(wait).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::{Provenance, PushGpu, PushSample};
+
+    #[tokio::test]
+    async fn observations_take_the_push_path_and_counts_make_placeholders() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-pull-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(
+            &format!("sqlite://{}/p.db", dir.display()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let now = chrono::Utc::now();
+        let prov = Provenance {
+            source: "k".into(),
+            observed_at: now,
+            raw_key: None,
+        };
+        let gpu = PushGpu {
+            uuid: "GPU-1".into(),
+            model: "NVIDIA L4".into(),
+            memory_mib: None,
+            host: Some("n1".into()),
+            cluster: None,
+            cloud: None,
+            region: None,
+            instance_type: None,
+            serial: None,
+            pci_bus_id: None,
+            mig_parent_uuid: None,
+            mig_profile: None,
+            labels: Default::default(),
+            observed_at: now,
+        };
+        let good = PushSample {
+            gpu_uuid: "GPU-1".into(),
+            ts: now,
+            util_pct: Some(50.0),
+            mem_used_mib: None,
+            power_w: None,
+            sm_active: None,
+        };
+        let bad = PushSample {
+            util_pct: Some(250.0),
+            ..good.clone()
+        };
+        let obs = vec![
+            Observation::Gpu {
+                gpu,
+                provenance: prov.clone(),
+            },
+            Observation::Sample {
+                sample: good,
+                provenance: prov.clone(),
+            },
+            Observation::Sample {
+                sample: bad,
+                provenance: prov.clone(),
+            },
+            Observation::HostGpuCount {
+                host: "n2".into(),
+                count: 2,
+                model: Some("NVIDIA L4".into()),
+                cluster: None,
+                provenance: prov,
+            },
+        ];
+        let who = Principal {
+            source: "k".into(),
+            teams: None,
+            kind: "kubernetes".into(),
+        };
+        let out = store_observations(&store, &who, obs, now).await.unwrap();
+        assert_eq!((out.accepted.gpus, out.accepted.samples), (1, 1));
+        assert_eq!(out.rejected[0].path, "samples[1].util_pct");
+        let gpus = store
+            .list_gpus(&Default::default(), false, now)
+            .await
+            .unwrap();
+        assert_eq!(gpus.len(), 3);
+        assert_eq!(gpus.iter().filter(|g| g.placeholder).count(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
