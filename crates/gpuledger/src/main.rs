@@ -34,6 +34,8 @@ enum Command {
     },
     /// Run the hub on a simulated fleet (30 days of history, live samples every minute).
     Demo(DemoArgs),
+    /// Report this host's GPUs to a gpuledger server (the node agent; read-only, outbound only).
+    Agent(gpuledger_agent::AgentArgs),
     /// Run the configured pull collectors.
     Collect(CollectArgs),
     /// Validate a config file and print every problem with its location.
@@ -444,6 +446,19 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    // The agent is synchronous and small: it runs without the server's async runtime.
+    let cli = match cli.command {
+        Command::Agent(args) => {
+            return match gpuledger_agent::run(args) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+        command => Cli { command },
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -468,6 +483,7 @@ fn main() -> std::process::ExitCode {
             } => token_create(source, teams, viewer, db).await,
             Command::Demo(a) => run_demo(a).await,
             Command::Collect(a) => collect(a).await,
+            Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
         }
     });

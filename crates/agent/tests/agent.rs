@@ -1,0 +1,1351 @@
+//! Integration tests of the agent against the real-world corpus and a real gpuledger server.
+//!
+//! Map: `corpus_*` parse every file in `../shared/fixtures/nvidia-smi/` (the expected values
+//! were read off the files by hand, not from the parser); `robust_*` feed mutated corpus bytes
+//! to every parser; `e2e_*` run the real `gpuledger-agent` binary with a fake `nvidia-smi` on
+//! PATH (a shell script written here that prints corpus files) against a real `gpuledger`
+//! server on a fresh SQLite file; `outage_*` stop and restart that server under a running agent.
+//!
+//! Where the corpus is absent, the tests that need it say so and pass.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuledger_agent::source::{smi_csv, smi_xml, GpuReading, ProcessReading};
+use gpuledger_model::PushBody;
+use gpuledger_store::{Role, Store};
+use gpuledger_web::{AppState, WebConfig};
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// The corpus root (`…/shared/fixtures`): `$GPULEDGER_CORPUS`, else `<repo>/../shared/fixtures`.
+fn corpus() -> Option<PathBuf> {
+    let dir = std::env::var_os("GPULEDGER_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"));
+    dir.join("nvidia-smi").is_dir().then_some(dir)
+}
+
+macro_rules! require_corpus {
+    () => {
+        match corpus() {
+            Some(c) => c,
+            None => {
+                eprintln!(
+                    "skipped: the corpus is not here (set GPULEDGER_CORPUS to shared/fixtures, \
+                     or check out shared/ next to the repository)"
+                );
+                return;
+            }
+        }
+    };
+}
+
+fn smi_file(corpus: &Path, name: &str) -> PathBuf {
+    corpus.join("nvidia-smi").join(name)
+}
+
+fn read(corpus: &Path, name: &str) -> String {
+    std::fs::read_to_string(smi_file(corpus, name)).unwrap()
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "gpuledger-agent-test-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A real NVIDIA driver on this machine (then `--source auto` would use NVML, not the fake).
+fn nvml_here() -> bool {
+    Path::new("/dev/nvidiactl").exists()
+}
+
+/// A fake `nvidia-smi` that prints corpus files chosen by environment variables:
+/// `FAKE_SMI_XML` for `-q -x`, `FAKE_SMI_CSV` for `--query-gpu`, `FAKE_SMI_APPS` for
+/// `--query-compute-apps`. With `FAKE_SMI_COUNT` it appends a line to that file per XML read and
+/// stops answering after `FAKE_SMI_MAX` reads. Anything else (`-L`) fails, as on a host whose
+/// nvidia-smi cannot list MIG devices.
+fn fake_smi(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = bin.join("nvidia-smi");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+case "$1" in
+  -q)
+    [ -n "$FAKE_SMI_XML" ] || { echo "fake nvidia-smi: no FAKE_SMI_XML" >&2; exit 9; }
+    if [ -n "$FAKE_SMI_COUNT" ]; then
+      n=$(cat "$FAKE_SMI_COUNT" 2>/dev/null | wc -l)
+      [ "$n" -lt "${FAKE_SMI_MAX:-1000000}" ] || { echo "fake nvidia-smi: read budget spent" >&2; exit 3; }
+      echo read >> "$FAKE_SMI_COUNT"
+    fi
+    cat "$FAKE_SMI_XML" ;;
+  --query-gpu=*)
+    [ -n "$FAKE_SMI_CSV" ] || exit 9
+    cat "$FAKE_SMI_CSV" ;;
+  --query-compute-apps=*)
+    [ -n "$FAKE_SMI_APPS" ] || exit 9
+    cat "$FAKE_SMI_APPS" ;;
+  *) echo "fake nvidia-smi: unsupported arguments: $*" >&2; exit 9 ;;
+esac
+"#,
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    bin
+}
+
+const CONTAINER: &str = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d";
+const POD: &str = "2b9a6c3a-8e5e-4c0b-9a55-d7c1f3e0e0a1";
+const BTIME: i64 = 1_764_662_400; // 2025-12-02T08:00:00Z
+
+/// A fake /proc and passwd: PID 5762 (the T4 file's python) runs as alice in a pod container,
+/// started 3,600 s after boot.
+fn fake_proc(dir: &Path) -> (PathBuf, PathBuf) {
+    let proc_root = dir.join("proc");
+    let p = proc_root.join("5762");
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(
+        proc_root.join("stat"),
+        format!("cpu 0 0 0\nbtime {BTIME}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("status"),
+        "Name:\tpython\nUid:\t1000\t1000\t1000\t1000\n",
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("stat"),
+        "5762 (python) S 1 5762 5762 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 360000 0 0",
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("cgroup"),
+        format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CONTAINER}.scope\n",
+            POD.replace('-', "_")
+        ),
+    )
+    .unwrap();
+    let passwd = dir.join("passwd");
+    std::fs::write(
+        &passwd,
+        "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n",
+    )
+    .unwrap();
+    (proc_root, passwd)
+}
+
+/// A real gpuledger server (the web crate's router over a SQLite store) on its own runtime, so
+/// that stopping it closes every socket and task it had.
+struct Server {
+    rt: tokio::runtime::Runtime,
+    store: Store,
+    port: u16,
+}
+
+impl Server {
+    fn start(db: &Path, port: u16) -> Server {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let url = format!("sqlite://{}", db.display());
+        let (store, listener) = rt.block_on(async {
+            let store = Store::open(&url, gpuledger_ledger::Settings::default())
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let listener = loop {
+                match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                    Ok(l) => break l,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("rebinding port {port}: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("cannot bind 127.0.0.1:{port}: {e}"),
+                }
+            };
+            (store, listener)
+        });
+        let port = listener.local_addr().unwrap().port();
+        let state = AppState::new(store.clone(), WebConfig::default());
+        rt.spawn(gpuledger_web::serve(
+            listener,
+            state,
+            std::future::pending(),
+        ));
+        Server { rt, store, port }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn token(&self, source: &str) -> String {
+        self.rt
+            .block_on(self.store.create_token(Role::Ingest, source, &[]))
+            .unwrap()
+    }
+
+    fn stop(self) {
+        let Server { rt, store, .. } = self;
+        rt.block_on(store.close());
+        drop(store);
+        rt.shutdown_timeout(Duration::from_secs(5));
+    }
+}
+
+fn http() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into()
+}
+
+fn get_json(base: &str, path: &str) -> Value {
+    let mut resp = http().get(format!("{base}{path}")).call().unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap();
+    assert_eq!(status, 200, "GET {path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Percent-encode a UUID for a URL path segment (`/` in older MIG names).
+fn seg(uuid: &str) -> String {
+    uuid.replace('/', "%2F")
+}
+
+/// A query window from yesterday to tomorrow, so that an allocation that started this very
+/// second is inside it.
+fn window() -> String {
+    let day = |d: i64| {
+        (chrono::Utc::now() + chrono::Duration::days(d))
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    format!("from={}&to={}", day(-1), day(1))
+}
+
+/// Samples the server stored for a GPU (the sum of its hourly sample counts).
+fn stored_samples(base: &str, uuid: &str) -> i64 {
+    let d = get_json(base, &format!("/api/v1/gpus/{}?{}", seg(uuid), window()));
+    d["hours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["samples"].as_i64().unwrap())
+        .sum()
+}
+
+fn agent(bin: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger-agent"));
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for var in [
+        "GPULEDGER_SERVER",
+        "GPULEDGER_TOKEN",
+        "GPULEDGER_TOKEN_FILE",
+        "GPULEDGER_AGENT_CONFIG",
+        "GPULEDGER_BUFFER_DIR",
+        "GPULEDGER_HOST",
+        "GPULEDGER_CLUSTER",
+        "STATE_DIRECTORY",
+        "GPULEDGER_LOG",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("PATH", path).stdin(Stdio::null());
+    c
+}
+
+// ---------------------------------------------------------------------------------------------
+// corpus_*: every nvidia-smi file, expected values read off the files
+
+struct XmlExpect {
+    file: &'static str,
+    uuid: &'static str,
+    model: &'static str,
+    memory_mib: u64,
+    serial: Option<&'static str>,
+    pci_bus_id: &'static str,
+    driver: &'static str,
+    cuda: &'static str,
+    mig_enabled: Option<bool>,
+    util_pct: Option<f64>,
+    mem_used_mib: f64,
+    power_w: f64,
+    /// (gpu instance id, compute instance id, memory MiB, used MiB)
+    migs: &'static [(u32, u32, u64, f64)],
+    /// (pid, name, type, used MiB)
+    processes: &'static [(u32, &'static str, &'static str, u64)],
+}
+
+const XML: &[XmlExpect] = &[
+    XmlExpect {
+        file: "a100-sxm4-80gb-mig-enabled.xml",
+        uuid: "GPU-513536b6-7d19-9063-b049-1e69664bb298",
+        model: "NVIDIA A100-SXM4-80GB",
+        memory_mib: 81920,
+        serial: Some("1650522003820"),
+        pci_bus_id: "00000000:01:00.0",
+        driver: "535.54.03",
+        cuda: "12.2",
+        mig_enabled: Some(true),
+        util_pct: None, // `N/A` under MIG
+        mem_used_mib: 50.0,
+        power_w: 67.03,
+        migs: &[
+            (3, 0, 19968, 12.0),
+            (4, 0, 19968, 12.0),
+            (5, 0, 19968, 12.0),
+            (6, 0, 19968, 12.0),
+        ],
+        processes: &[],
+    },
+    XmlExpect {
+        file: "tesla-t4.xml",
+        uuid: "GPU-d37e67a5-91dd-3774-a5cb-99096249601a",
+        model: "Tesla T4",
+        memory_mib: 15360,
+        serial: None, // 0000000000000
+        pci_bus_id: "00000000:00:1E.0",
+        driver: "515.105.01",
+        cuda: "11.7",
+        mig_enabled: None,
+        util_pct: Some(0.0),
+        mem_used_mib: 1032.0,
+        power_w: 26.78,
+        migs: &[],
+        processes: &[
+            (675, "/usr/lib/xorg/Xorg", "G", 22),
+            (5762, "python", "C", 1005),
+        ],
+    },
+    XmlExpect {
+        file: "a10g.xml",
+        uuid: "GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94",
+        model: "NVIDIA A10G",
+        memory_mib: 23028,
+        serial: None,
+        pci_bus_id: "00000000:00:1E.0",
+        driver: "515.105.01",
+        cuda: "11.7",
+        mig_enabled: None,
+        util_pct: Some(0.0),
+        mem_used_mib: 22.0,
+        power_w: 25.58,
+        migs: &[],
+        processes: &[(725, "/usr/lib/xorg/Xorg", "G", 22)],
+    },
+    XmlExpect {
+        file: "rtx-4000-sff-ada-driver-v13.xml",
+        uuid: "GPU-37037c3f-65c8-ec4d-24a9-420204ad8026",
+        model: "NVIDIA RTX 4000 SFF Ada Generation",
+        memory_mib: 20475,
+        serial: Some("REDACTED"),
+        pci_bus_id: "00000000:06:00.0",
+        driver: "595.84",
+        cuda: "13.2",
+        mig_enabled: None,
+        util_pct: Some(0.0),
+        mem_used_mib: 3534.0,
+        power_w: 8.81, // average_power_draw (v13 has no plain power_draw)
+        migs: &[],
+        processes: &[
+            (1842, "cosmic-comp", "G", 410),
+            (3190, "/usr/bin/code", "G", 451),
+            (4937, "python", "C", 160),
+            (34626, "/usr/lib/chromium/chromium", "C+G", 183),
+        ],
+    },
+    XmlExpect {
+        file: "aws-kops-nvidia-l4-driver580-v13.xml",
+        uuid: "GPU-8a0cb40d-f2e8-2199-64b0-33126c728d06",
+        model: "NVIDIA L4",
+        memory_mib: 23034,
+        serial: Some("1653623019067"),
+        pci_bus_id: "00000000:31:00.0",
+        driver: "580.105.08",
+        cuda: "13.0",
+        mig_enabled: None,
+        util_pct: Some(0.0),
+        mem_used_mib: 0.0,
+        power_w: 16.78,
+        migs: &[],
+        processes: &[],
+    },
+];
+
+struct CsvExpect {
+    file: &'static str,
+    model: &'static str,
+    memory_mib: u64,
+    pci_bus_id: &'static str,
+    driver: &'static str,
+    mig_enabled: Option<bool>,
+    util_pct: Option<f64>,
+    mem_used_mib: f64,
+    power_w: f64,
+}
+
+/// Every CSV capture's UUID and serial were masked by the capture tool.
+const MASKED_UUID: &str = "GPU-00000000-0000-0000-0000-000000000000";
+
+const CSV: &[CsvExpect] = &[
+    CsvExpect {
+        file: "query-gpu-full-h100-80gb-hbm3-idle.csv",
+        model: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        pci_bus_id: "00000000:00:09.0",
+        driver: "590.48.01",
+        mig_enabled: Some(false),
+        util_pct: Some(0.0),
+        mem_used_mib: 0.0,
+        power_w: 69.85,
+    },
+    CsvExpect {
+        file: "query-gpu-full-h100-80gb-hbm3-load.csv",
+        model: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        pci_bus_id: "00000000:00:09.0",
+        driver: "590.48.01",
+        mig_enabled: Some(false),
+        util_pct: Some(100.0),
+        mem_used_mib: 19818.0,
+        power_w: 631.95,
+    },
+    CsvExpect {
+        file: "query-gpu-full-h100-mig-load.csv",
+        model: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        pci_bus_id: "00000000:00:09.0",
+        driver: "590.48.01",
+        mig_enabled: Some(true),
+        util_pct: None, // `[N/A]` under MIG
+        mem_used_mib: 11125.0,
+        power_w: 433.78,
+    },
+    CsvExpect {
+        file: "query-gpu-full-h200-load.csv",
+        model: "NVIDIA H200",
+        memory_mib: 143771,
+        pci_bus_id: "00000000:83:00.0",
+        driver: "590.48.01",
+        mig_enabled: Some(false),
+        util_pct: Some(100.0),
+        mem_used_mib: 32362.0,
+        power_w: 627.40,
+    },
+    CsvExpect {
+        file: "query-gpu-full-h200-mig-load.csv",
+        model: "NVIDIA H200",
+        memory_mib: 143771,
+        pci_bus_id: "00000000:83:00.0",
+        driver: "590.48.01",
+        mig_enabled: Some(true),
+        util_pct: None,
+        mem_used_mib: 16959.0,
+        power_w: 295.01,
+    },
+    CsvExpect {
+        file: "query-gpu-full-l40s-load.csv",
+        model: "NVIDIA L40S",
+        memory_mib: 46068,
+        pci_bus_id: "00000000:01:00.0",
+        driver: "595.80",
+        mig_enabled: None, // `[N/A]`: no MIG on L40S
+        util_pct: Some(9.0),
+        mem_used_mib: 1235.0,
+        power_w: 110.23,
+    },
+];
+
+const APPS_FILE: &str = "query-compute-apps-h100-80gb-hbm3-load.csv";
+const APPS: &[(u32, &str, u64)] = &[
+    (11327, "/root/tools/memhog", 2566),
+    (11328, "/root/tools/memhog", 1542),
+    (11345, "./gpu_burn", 15690),
+];
+
+#[test]
+fn corpus_every_nvidia_smi_file_has_expectations() {
+    let c = require_corpus!();
+    let mut known: Vec<&str> = XML.iter().map(|e| e.file).collect();
+    known.extend(CSV.iter().map(|e| e.file));
+    known.push(APPS_FILE);
+    for entry in std::fs::read_dir(c.join("nvidia-smi")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            known.contains(&name.as_str()),
+            "corpus file {name} has no expectations in this test; add them"
+        );
+    }
+}
+
+#[test]
+fn corpus_xml_gpus_mig_instances_and_processes() {
+    let c = require_corpus!();
+    for e in XML {
+        let snap = smi_xml::parse(&read(&c, e.file), &[])
+            .unwrap_or_else(|err| panic!("{}: {err}", e.file));
+        assert_eq!(snap.gpus.len(), 1 + e.migs.len(), "{}", e.file);
+        let g = &snap.gpus[0];
+        let want = GpuReading {
+            uuid: e.uuid.into(),
+            model: Some(e.model.into()),
+            memory_mib: Some(e.memory_mib),
+            serial: e.serial.map(Into::into),
+            pci_bus_id: Some(e.pci_bus_id.into()),
+            driver_version: Some(e.driver.into()),
+            cuda_version: Some(e.cuda.into()),
+            mig_enabled: e.mig_enabled,
+            mig_parent_uuid: None,
+            mig_profile: None,
+            util_pct: e.util_pct,
+            mem_used_mib: Some(e.mem_used_mib),
+            power_w: Some(e.power_w),
+            sm_active: None, // nvidia-smi never reports SM activity
+        };
+        assert_eq!(g, &want, "{}", e.file);
+        for (child, (gi, ci, mem, used)) in snap.gpus[1..].iter().zip(e.migs) {
+            assert_eq!(
+                child.uuid,
+                format!("MIG-{}/{gi}/{ci}", e.uuid),
+                "{}",
+                e.file
+            );
+            assert_eq!(child.mig_parent_uuid.as_deref(), Some(e.uuid));
+            assert_eq!(child.model.as_deref(), Some(e.model));
+            assert_eq!(child.memory_mib, Some(*mem));
+            assert_eq!(child.mem_used_mib, Some(*used));
+            // Utilization and power are not reported per MIG instance: unknown, not 0.
+            assert_eq!((child.util_pct, child.power_w), (None, None));
+            assert_eq!(child.mig_profile, None, "-q -x does not name profiles");
+        }
+        let want: Vec<ProcessReading> = e
+            .processes
+            .iter()
+            .map(|(pid, name, kind, mib)| ProcessReading {
+                gpu_uuid: e.uuid.into(),
+                pid: *pid,
+                name: Some((*name).into()),
+                process_type: Some((*kind).into()),
+                used_memory_mib: Some(*mib),
+            })
+            .collect();
+        let got = &snap.processes;
+        assert_eq!(got, &want, "{}", e.file);
+    }
+}
+
+#[test]
+fn corpus_xml_mig_instances_take_uuids_and_profiles_from_nvidia_smi_list() {
+    let c = require_corpus!();
+    let e = &XML[0];
+    // `nvidia-smi -L` as NVIDIA's MIG guide shows it; the corpus has no capture of it, so these
+    // MIG UUIDs are made up for this test.
+    let list = format!(
+        "GPU 0: {} (UUID: {})\n\
+         \x20 MIG 1g.20gb     Device  0: (UUID: MIG-00000000-0000-5000-8000-000000000000)\n\
+         \x20 MIG 1g.20gb     Device  1: (UUID: MIG-00000000-0000-5000-8000-000000000001)\n\
+         \x20 MIG 1g.20gb     Device  2: (UUID: MIG-00000000-0000-5000-8000-000000000002)\n\
+         \x20 MIG 1g.20gb     Device  3: (UUID: MIG-00000000-0000-5000-8000-000000000003)\n",
+        e.model, e.uuid
+    );
+    let listed = gpuledger_agent::source::smi_list::parse(&list);
+    let snap = smi_xml::parse(&read(&c, e.file), &listed).unwrap();
+    let children: Vec<(&str, Option<&str>, Option<u64>)> = snap.gpus[1..]
+        .iter()
+        .map(|g| (g.uuid.as_str(), g.mig_profile.as_deref(), g.memory_mib))
+        .collect();
+    assert_eq!(
+        children,
+        (0..4)
+            .map(|i| {
+                (
+                    [
+                        "MIG-00000000-0000-5000-8000-000000000000",
+                        "MIG-00000000-0000-5000-8000-000000000001",
+                        "MIG-00000000-0000-5000-8000-000000000002",
+                        "MIG-00000000-0000-5000-8000-000000000003",
+                    ][i],
+                    Some("1g.20gb"),
+                    Some(19968),
+                )
+            })
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn corpus_csv_query_gpu_and_compute_apps() {
+    let c = require_corpus!();
+    for e in CSV {
+        let gpus = smi_csv::parse_gpus(&read(&c, e.file))
+            .unwrap_or_else(|err| panic!("{}: {err}", e.file));
+        assert_eq!(
+            gpus,
+            vec![GpuReading {
+                uuid: MASKED_UUID.into(),
+                model: Some(e.model.into()),
+                memory_mib: Some(e.memory_mib),
+                serial: None, // masked to 0000000000000
+                pci_bus_id: Some(e.pci_bus_id.into()),
+                driver_version: Some(e.driver.into()),
+                cuda_version: None, // --query-gpu has no CUDA version field
+                mig_enabled: e.mig_enabled,
+                mig_parent_uuid: None,
+                mig_profile: None,
+                util_pct: e.util_pct,
+                mem_used_mib: Some(e.mem_used_mib),
+                power_w: Some(e.power_w),
+                sm_active: None,
+            }],
+            "{}",
+            e.file
+        );
+    }
+    let apps = smi_csv::parse_apps(&read(&c, APPS_FILE)).unwrap();
+    let want: Vec<ProcessReading> = APPS
+        .iter()
+        .map(|(pid, name, mib)| ProcessReading {
+            gpu_uuid: MASKED_UUID.into(),
+            pid: *pid,
+            name: Some((*name).into()),
+            process_type: Some("C".into()),
+            used_memory_mib: Some(*mib),
+        })
+        .collect();
+    assert_eq!(apps, want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// robust_*: mutated corpus bytes never panic a parser
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut b = input.to_vec();
+    const INSERTS: &[&[u8]] = &[
+        b"<",
+        b">",
+        b"</gpu>",
+        b"<gpu>",
+        b"&amp;",
+        b"&#0;",
+        b"&bogus;",
+        b"[N/A]",
+        b"9223372036854775794",
+        b"-1",
+        b"\"",
+        b",",
+        b"\n",
+        b"\xff\xfe",
+        b"1e309",
+    ];
+    for _ in 0..1 + rng.below(8) {
+        if b.is_empty() {
+            break;
+        }
+        let at = rng.below(b.len());
+        match rng.below(5) {
+            0 => b[at] = rng.next() as u8,
+            1 => b.truncate(at),
+            2 => {
+                let s = INSERTS[rng.below(INSERTS.len())];
+                b.splice(at..at, s.iter().copied());
+            }
+            3 => {
+                let end = (at + rng.below(200)).min(b.len());
+                b.drain(at..end);
+            }
+            _ => {
+                let end = (at + rng.below(200)).min(b.len());
+                let chunk = b[at..end].to_vec();
+                let to = rng.below(b.len());
+                b.splice(to..to, chunk);
+            }
+        }
+    }
+    b
+}
+
+#[test]
+fn robust_mutated_corpus_never_panics_a_parser() {
+    let c = require_corpus!();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut runs = 0;
+    for entry in std::fs::read_dir(c.join("nvidia-smi")).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        for _ in 0..150 {
+            let m = mutate(&mut rng, &bytes);
+            let text = String::from_utf8_lossy(&m);
+            // Results may be errors; what matters is no panic and no nonsense values.
+            for snap in smi_xml::parse(&text, &[]).into_iter() {
+                for g in &snap.gpus {
+                    assert!(g.util_pct.is_none_or(|v| (0.0..=100.0).contains(&v)));
+                    assert!(g.power_w.is_none_or(|v| (0.0..=10_000.0).contains(&v)));
+                }
+            }
+            for gpus in smi_csv::parse_gpus(&text).into_iter() {
+                for g in &gpus {
+                    assert!(g.util_pct.is_none_or(|v| (0.0..=100.0).contains(&v)));
+                }
+            }
+            let _ = smi_csv::parse_apps(&text);
+            let _ = gpuledger_agent::source::smi_list::parse(&text);
+            runs += 1;
+        }
+    }
+    assert!(runs > 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// e2e_*: the real agent binary, a fake nvidia-smi, a real server
+
+#[test]
+fn e2e_xml_files_appear_through_the_query_api_with_their_attributes() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("e2e-xml");
+    let bin = fake_smi(&tmp.0);
+    let (proc_root, passwd) = fake_proc(&tmp.0);
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("gpu-hosts");
+    // Where a real driver is present, `auto` would rightly pick NVML and read the real GPUs.
+    let auto = !nvml_here();
+    for (i, e) in XML.iter().enumerate() {
+        let out = agent(&bin)
+            .args(["--source", if auto { "auto" } else { "smi-xml" }])
+            .args(["--once", "--server", &server.base(), "--token", &token])
+            .args(["--host", &format!("node-{i}"), "--cluster", "lab"])
+            .args(["--label", "team=ml", "--label", "env=prod"])
+            .arg("--buffer-dir")
+            .arg(tmp.0.join(format!("buf-{i}")))
+            .arg("--proc-root")
+            .arg(&proc_root)
+            .arg("--passwd-file")
+            .arg(&passwd)
+            .env("FAKE_SMI_XML", smi_file(&c, e.file))
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {log}", e.file);
+        // The log says which source was used, and why NVML was not.
+        assert!(!auto || log.contains("NVML not usable"), "{log}");
+        assert!(
+            log.contains("reading GPUs through `nvidia-smi -q -x`"),
+            "{log}"
+        );
+    }
+    let list = get_json(&server.base(), "/api/v1/gpus?include_mig=true");
+    let items = list["items"].as_array().unwrap();
+    let n: usize = XML.iter().map(|e| 1 + e.migs.len()).sum();
+    assert_eq!(items.len(), n, "{list}");
+    for (i, e) in XML.iter().enumerate() {
+        let g = items.iter().find(|g| g["uuid"] == e.uuid).unwrap();
+        assert_eq!(g["model"], e.model);
+        assert_eq!(g["memory_mib"], e.memory_mib);
+        assert_eq!(g["serial"].as_str(), e.serial);
+        assert_eq!(g["pci_bus_id"], e.pci_bus_id);
+        assert_eq!(g["host"], format!("node-{i}"));
+        assert_eq!(g["cluster"], "lab");
+        assert_eq!(g["team"], "ml");
+        assert_eq!(g["env"], "prod");
+        assert_eq!(g["state"], "present");
+        assert_eq!(g["labels"]["driver_version"], e.driver);
+        assert_eq!(g["labels"]["cuda_version"], e.cuda);
+        assert!(g["mig_parent_uuid"].is_null());
+        for (gi, ci, mem, _) in e.migs {
+            let uuid = format!("MIG-{}/{gi}/{ci}", e.uuid);
+            let m = items.iter().find(|g| g["uuid"] == uuid.as_str()).unwrap();
+            assert_eq!(m["mig_parent_uuid"], e.uuid);
+            assert_eq!(m["memory_mib"], *mem);
+        }
+        let d = get_json(
+            &server.base(),
+            &format!("/api/v1/gpus/{}?{}", e.uuid, window()),
+        );
+        let hours = d["hours"].as_array().unwrap();
+        assert_eq!(
+            hours
+                .iter()
+                .map(|h| h["samples"].as_i64().unwrap())
+                .sum::<i64>(),
+            1
+        );
+        let hour = hours.last().unwrap();
+        // Unknown stays unknown: the MIG A100 reports no utilization, so its hour has no
+        // activity, while the others report 0 %, which is known.
+        match e.util_pct {
+            None => assert!(hour["activity_pct"].is_null(), "{}: {hour}", e.file),
+            Some(u) => assert_eq!(hour["activity_pct"].as_f64(), Some(u), "{}", e.file),
+        }
+        assert_eq!(hour["power_w_avg"].as_f64(), Some(e.power_w));
+        let allocs = d["allocations"].as_array().unwrap();
+        let compute: Vec<u32> = e
+            .processes
+            .iter()
+            .filter(|p| p.2.contains('C'))
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(allocs.len(), compute.len(), "{}: {allocs:?}", e.file);
+        for a in allocs {
+            assert_eq!(a["kind"], "process");
+            assert!(a["end"].is_null());
+            assert_eq!(a["source"], "gpu-hosts");
+        }
+    }
+    // The T4's python process: user, pod and container from the (fake) /proc, start from boot
+    // time plus its start ticks.
+    let d = get_json(
+        &server.base(),
+        &format!("/api/v1/gpus/{}?{}", XML[1].uuid, window()),
+    );
+    let a = &d["allocations"][0];
+    assert_eq!(
+        a["workload"],
+        format!("python pid=5762 pod={POD} container={}", &CONTAINER[..12])
+    );
+    assert_eq!(a["user"], "alice");
+    let start = chrono::DateTime::from_timestamp(BTIME + 3600, 0).unwrap();
+    assert_eq!(a["start"], serde_json::to_value(start).unwrap());
+    let sources = get_json(&server.base(), "/api/v1/sources");
+    let s = sources["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "gpu-hosts")
+        .unwrap();
+    assert_eq!(s["kind"], "agent");
+    assert_eq!(s["status"], "ok");
+    server.stop();
+}
+
+#[test]
+fn e2e_csv_source_reports_gpu_and_processes() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("e2e-csv");
+    let bin = fake_smi(&tmp.0);
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("csv-hosts");
+    let out = agent(&bin)
+        .args([
+            "--once",
+            "--source",
+            "smi-csv",
+            "--server",
+            &server.base(),
+            "--token",
+            &token,
+        ])
+        .args(["--host", "h100-node"])
+        .arg("--buffer-dir")
+        .arg(tmp.0.join("buf"))
+        .arg("--proc-root")
+        .arg(tmp.0.join("no-proc"))
+        .env(
+            "FAKE_SMI_CSV",
+            smi_file(&c, "query-gpu-full-h100-80gb-hbm3-load.csv"),
+        )
+        .env("FAKE_SMI_APPS", smi_file(&c, APPS_FILE))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("reading GPUs through `nvidia-smi --query-gpu --format=csv`"),
+        "{log}"
+    );
+    let d = get_json(
+        &server.base(),
+        &format!("/api/v1/gpus/{MASKED_UUID}?{}", window()),
+    );
+    assert_eq!(d["model"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(d["memory_mib"], 81559);
+    assert_eq!(d["host"], "h100-node");
+    assert!(d["serial"].is_null(), "a zero serial is unknown");
+    assert_eq!(
+        d["hours"].as_array().unwrap().last().unwrap()["activity_pct"],
+        100.0
+    );
+    let mut workloads: Vec<String> = d["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["workload"].as_str().unwrap().to_string())
+        .collect();
+    workloads.sort();
+    assert_eq!(
+        workloads,
+        [
+            "./gpu_burn pid=11345",
+            "/root/tools/memhog pid=11327",
+            "/root/tools/memhog pid=11328"
+        ]
+    );
+    server.stop();
+}
+
+#[test]
+fn e2e_once_dry_run_prints_exactly_the_body_and_the_server_accepts_it_as_is() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("e2e-dry");
+    let bin = fake_smi(&tmp.0);
+    let out = agent(&bin)
+        .args(["--once", "--dry-run", "--host", "n1", "--no-processes"])
+        .args(["--source", "smi-xml"])
+        .arg("--buffer-dir")
+        .arg(tmp.0.join("never"))
+        .env("FAKE_SMI_XML", smi_file(&c, "tesla-t4.xml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "one body, one line: {stdout}");
+    let body: PushBody = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(body.gpus.len(), 1);
+    assert_eq!(body.gpus[0].uuid, XML[1].uuid);
+    assert_eq!(body.samples[0].util_pct, Some(0.0));
+    assert!(body.allocations.is_empty());
+    assert!(!tmp.0.join("never").exists(), "a dry run writes nothing");
+
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("dry");
+    let mut resp = http()
+        .post(format!("{}/api/v1/ingest", server.base()))
+        .header("Authorization", &format!("Bearer {token}"))
+        .header("Content-Type", "application/json")
+        .send(stdout.trim())
+        .unwrap();
+    let reply: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(reply["accepted"]["gpus"], 1, "{reply}");
+    assert_eq!(reply["accepted"]["samples"], 1, "{reply}");
+    assert_eq!(reply["rejected"], serde_json::json!([]));
+    server.stop();
+}
+
+#[test]
+fn e2e_once_with_the_server_down_fails_loudly_and_keeps_the_body() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("e2e-down");
+    let bin = fake_smi(&tmp.0);
+    // A port nothing listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let buf = tmp.0.join("buf");
+    let out = agent(&bin)
+        .args([
+            "--once",
+            "--source",
+            "smi-xml",
+            "--token",
+            "t",
+            "--retry-max-secs",
+            "1",
+            "--no-processes",
+        ])
+        .args(["--server", &format!("http://127.0.0.1:{port}")])
+        .arg("--buffer-dir")
+        .arg(&buf)
+        .env("FAKE_SMI_XML", smi_file(&c, "a10g.xml"))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(log.contains("stays in"), "{log}");
+    assert_eq!(
+        buffered(&buf).len(),
+        1,
+        "the unsent body waits in the buffer"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// outage_*: the server goes away under a running agent and comes back
+
+/// A TCP proxy between agent and server that can drop the server's replies after the server
+/// has stored the body: an acknowledgement lost in flight.
+struct Proxy {
+    port: u16,
+    swallow: Arc<AtomicU32>,
+    swallowed: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(backend: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let swallow = Arc::new(AtomicU32::new(0));
+        let swallowed = Arc::new(AtomicU32::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sw, sd, st) = (swallow.clone(), swallowed.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let (sw, sd) = (sw.clone(), sd.clone());
+                std::thread::spawn(move || Proxy::serve(client, backend, &sw, &sd));
+            }
+        });
+        Proxy {
+            port,
+            swallow,
+            swallowed,
+            stop,
+        }
+    }
+
+    fn serve(mut client: TcpStream, backend: u16, swallow: &AtomicU32, swallowed: &AtomicU32) {
+        // Server down: close the client's connection, as a dead host would.
+        let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)) else {
+            return;
+        };
+        let (Ok(mut c_read), Ok(mut s_write)) = (client.try_clone(), server.try_clone()) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c_read, &mut s_write);
+            let _ = s_write.shutdown(std::net::Shutdown::Write);
+        });
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let take = swallow
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+                .is_ok();
+            if take {
+                swallowed.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+            if client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// A child process that is stopped when the test ends, whether it passed or panicked.
+struct Killed(std::process::Child);
+
+impl Killed {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The bodies waiting in a buffer directory (`<20 digits>.json`).
+fn buffered(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.len() == 25 && n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// Wait until `ok`, at most `timeout`; false when it timed out.
+fn wait_for(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
+#[test]
+fn outage_every_sample_arrives_exactly_once() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("outage");
+    let bin = fake_smi(&tmp.0);
+    let db = tmp.0.join("g.db");
+    let server = Server::start(&db, 0);
+    let port = server.port;
+    let token = server.token("outage-host");
+    let proxy = Proxy::start(port);
+    let count = tmp.0.join("reads");
+    let buf = tmp.0.join("buf");
+    let log_path = tmp.0.join("agent.log");
+    // The A100 file: the GPU and its 4 MIG instances each give one sample per read (memory used
+    // everywhere, power on the GPU; utilization is `N/A` under MIG).
+    let e = &XML[0];
+    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
+        .chain(
+            e.migs
+                .iter()
+                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
+        )
+        .collect();
+    let per_read = uuids.len();
+    const READS: usize = 16;
+    let mut child = Killed(
+        agent(&bin)
+            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
+            .args(["--source", "smi-xml"])
+            .args([
+                "--token",
+                &token,
+                "--interval-secs",
+                "1",
+                "--retry-max-secs",
+                "2",
+            ])
+            .args(["--host", "outage-node", "--no-processes"])
+            .arg("--buffer-dir")
+            .arg(&buf)
+            .env("FAKE_SMI_XML", smi_file(&c, e.file))
+            .env("FAKE_SMI_COUNT", &count)
+            .env("FAKE_SMI_MAX", READS.to_string())
+            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Up: a few reads arrive.
+    let up = wait_for(Duration::from_secs(30), || {
+        lines(&count) >= 3 && stored_samples(&server.base(), e.uuid) >= 3
+    });
+    assert!(up, "timed out waiting for the first deliveries\n{}", log());
+    // Down: the server process goes away for a stretch; the agent keeps reading.
+    server.stop();
+    let reads_before = lines(&count);
+    let read = wait_for(Duration::from_secs(30), || {
+        lines(&count) >= reads_before + 5
+    });
+    assert!(
+        read,
+        "timed out waiting for reads during the outage\n{}",
+        log()
+    );
+    let reads_after = lines(&count);
+    let queued = buffered(&buf).len();
+    assert!(
+        queued >= 4,
+        "bodies wait on disk during the outage ({queued})"
+    );
+    // Back, on the same port and database; its first two answers are lost on the way back.
+    proxy.swallow.store(2, Ordering::SeqCst);
+    let server = Server::start(&db, port);
+    let stored_now = |server: &Server| -> i64 {
+        uuids
+            .iter()
+            .map(|u| stored_samples(&server.base(), u))
+            .sum()
+    };
+    let caught_up = wait_for(Duration::from_secs(60), || {
+        lines(&count) >= READS && stored_now(&server) >= (READS * per_read) as i64
+    });
+    assert!(
+        caught_up,
+        "timed out waiting for every read to be delivered: {} reads, {} stored\n{}",
+        lines(&count),
+        stored_now(&server),
+        log()
+    );
+    // Let any in-flight re-send land, then stop the agent.
+    std::thread::sleep(Duration::from_millis(1500));
+    child.stop();
+
+    let produced = lines(&count) * per_read;
+    let stored = stored_now(&server);
+    let log = log();
+    let absorbed: u64 = log
+        .lines()
+        .filter(|l| l.contains(" delivered"))
+        .filter_map(|l| l.split("duplicate_samples=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    let during = (reads_after - reads_before) * per_read;
+    eprintln!(
+        "outage: samples produced {produced} ({during} while the server was down), \
+         delivered {stored}, duplicated {}, lost {}; acknowledgements lost in flight {}, \
+         samples re-sent and absorbed as duplicates by the server {absorbed}",
+        (stored - produced as i64).max(0),
+        (produced as i64 - stored).max(0),
+        proxy.swallowed.load(Ordering::SeqCst),
+    );
+    assert_eq!(stored, produced as i64, "every sample exactly once\n{log}");
+    assert!(
+        proxy.swallowed.load(Ordering::SeqCst) >= 1,
+        "an acknowledgement was lost"
+    );
+    assert!(
+        absorbed >= 1,
+        "the re-send after a lost acknowledgement was absorbed\n{log}"
+    );
+    let left = buffered(&buf);
+    assert!(left.is_empty(), "nothing left unsent: {left:?}");
+    server.stop();
+}
+
+#[test]
+fn outage_a_day_of_8_gpus_is_buffered_within_the_cap_and_replayed_exactly_once() {
+    use gpuledger_agent::buffer::Queue;
+    use gpuledger_agent::report::{HostInfo, NoProcs, Reporter};
+
+    let c = require_corpus!();
+    let tmp = TempDir::new("day");
+    let bin = fake_smi(&tmp.0);
+    let buf = tmp.0.join("buf");
+    // A day of reads of an 8-GPU host made while the server was away, with the clock injected:
+    // the T4 of the corpus, eight times over with distinct UUIDs.
+    let t4 = smi_xml::parse(&read(&c, "tesla-t4.xml"), &[]).unwrap();
+    let mut snap = t4.clone();
+    snap.processes.clear();
+    snap.gpus = (0..8)
+        .map(|i| GpuReading {
+            uuid: format!("GPU-d37e67a5-91dd-3774-a5cb-9909624960{i:02}"),
+            ..t4.gpus[0].clone()
+        })
+        .collect();
+    let uuids: Vec<String> = snap.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let host = HostInfo {
+        host: Some("day-node".into()),
+        ..Default::default()
+    };
+    let mut reporter = Reporter::new(host, 600, false);
+    let mut queue = Queue::open(&buf, 64 * 1024 * 1024).unwrap();
+    let now = chrono::Utc::now();
+    let start = chrono::DateTime::from_timestamp(now.timestamp() - 24 * 3600, 0).unwrap();
+    const READS: i64 = 24 * 60;
+    for k in 0..READS {
+        for g in &mut snap.gpus {
+            g.util_pct = Some((k % 101) as f64);
+        }
+        let ts = start + chrono::Duration::seconds(60 * k);
+        let body = reporter.build(&snap, &mut NoProcs, ts);
+        queue.push(&serde_json::to_vec(&body).unwrap()).unwrap();
+    }
+    assert_eq!(queue.dropped(), 0);
+    let day_bytes = queue.total_bytes();
+    drop(queue);
+
+    // The server comes back; the agent starts, reads once and sends everything, in order.
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("day-host");
+    let started = Instant::now();
+    let out = agent(&bin)
+        .args(["--once", "--server", &server.base(), "--token", &token])
+        .args([
+            "--host",
+            "day-node",
+            "--no-processes",
+            "--source",
+            "smi-xml",
+        ])
+        .arg("--buffer-dir")
+        .arg(&buf)
+        .env("FAKE_SMI_XML", smi_file(&c, "tesla-t4.xml"))
+        .output()
+        .unwrap();
+    let replay = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let per_gpu: Vec<i64> = uuids
+        .iter()
+        .map(|u| stored_samples(&server.base(), u))
+        .collect();
+    eprintln!(
+        "day-long outage: {} reads of 8 GPUs buffered in {:.2} MiB of the 64 MiB cap; replayed in \
+         {:.1} s; stored per GPU {per_gpu:?}",
+        READS,
+        day_bytes as f64 / (1024.0 * 1024.0),
+        replay.as_secs_f64()
+    );
+    assert!(per_gpu.iter().all(|n| *n == READS), "{per_gpu:?}");
+    assert_eq!(stored_samples(&server.base(), XML[1].uuid), 1);
+    assert!(buffered(&buf).is_empty());
+    server.stop();
+}
