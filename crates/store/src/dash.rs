@@ -334,18 +334,7 @@ impl Store {
         q.fetch_all(self.pool())
             .await?
             .iter()
-            .map(|r| {
-                Ok(gpuledger_model::Allocation {
-                    gpu_uuid: r.try_get("uuid")?,
-                    start: ts(r.try_get("start_ts")?),
-                    end: r.try_get::<Option<i64>, _>("end_ts")?.map(ts),
-                    workload: r.try_get("workload")?,
-                    kind: r.try_get("kind")?,
-                    user: r.try_get("user_name")?,
-                    team: r.try_get("team")?,
-                    source: r.try_get("source")?,
-                })
-            })
+            .map(|r| crate::query::allocation_from_row(r, r.try_get("uuid")?))
             .collect()
     }
 }

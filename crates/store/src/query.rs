@@ -58,6 +58,20 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
     Ok((row.try_get("id")?, rec))
 }
 
+/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, source`) of `gpu_uuid`.
+pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Allocation> {
+    Ok(Allocation {
+        gpu_uuid,
+        start: ts(r.try_get("start_ts")?),
+        end: r.try_get::<Option<i64>, _>("end_ts")?.map(ts),
+        workload: r.try_get("workload")?,
+        kind: r.try_get("kind")?,
+        user: r.try_get("user_name")?,
+        team: r.try_get("team")?,
+        source: r.try_get("source")?,
+    })
+}
+
 /// Filters shared by every query: each list matches any of its values; empty lists match all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filters {
@@ -265,18 +279,7 @@ impl Store {
         .fetch_all(self.pool())
         .await?
         .iter()
-        .map(|r| {
-            Ok(Allocation {
-                gpu_uuid: uuid.to_string(),
-                start: ts(r.try_get("start_ts")?),
-                end: r.try_get::<Option<i64>, _>("end_ts")?.map(ts),
-                workload: r.try_get("workload")?,
-                kind: r.try_get("kind")?,
-                user: r.try_get("user_name")?,
-                team: r.try_get("team")?,
-                source: r.try_get("source")?,
-            })
-        })
+        .map(|r| allocation_from_row(r, uuid.to_string()))
         .collect::<Result<Vec<_>>>()?;
         Ok(Some(GpuDetail {
             gpu: self.view(rec, now.timestamp()),
