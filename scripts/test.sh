@@ -2,8 +2,9 @@
 # Runs every test of gpuledger on a fresh machine: installs and starts what the tests need,
 # then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
 #
-# Needs: a Rust toolchain (cargo). Installs when missing (Debian packages): PostgreSQL, and
-# Chromium with its WebDriver for the browser end-to-end test.
+# Needs: a Rust toolchain (cargo). Installs when missing (Debian packages): PostgreSQL,
+# Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
+# collector's test (which starts its own Prometheus on 127.0.0.1).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
 # which the store suite runs against, each test in its own schema. The browser test starts its
 # own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
@@ -42,17 +43,21 @@ ensure_postgres() {
   fi
 }
 
-ensure_browser() {
-  if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
-    log "installing chromium and chromium-driver"
+ensure_packages() {
+  local missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 
 ensure_postgres
-ensure_browser
-export GPULEDGER_REQUIRE_BROWSER=1
+ensure_packages
+export GPULEDGER_REQUIRE_BROWSER=1 GPULEDGER_REQUIRE_PROMETHEUS=1
 export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 

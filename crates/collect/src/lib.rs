@@ -3,21 +3,29 @@
 //! ownership or cost, and never touch the store.
 //!
 //! A collector kind lives in `collectors/<kind>/` and is registered in [`KINDS`] and [`build`];
-//! its kind string is also its config `type`, its telemetry tag and its test module. This build
-//! ships no pull collector yet: teams push through the API or run the agent.
+//! its kind string is also its config `type`, its telemetry tag and its test module.
+
+pub mod collectors;
+mod http;
 
 use std::future::Future;
 use std::pin::Pin;
 
+use chrono::{DateTime, Utc};
 use gpuledger_model::Observation;
 
-/// Why a collector run failed; the source turns `error` and the others go on.
+/// Why a collector run (or one part of it) failed; the source turns `error` and the others go on.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
+    /// The source could not be read this time (network, timeout, a 5xx); try again next interval.
     #[error("{0}")]
     Transient(String),
+    /// The configuration is wrong (bad URL, a 4xx, a missing setting); retrying will not help.
     #[error("{0}")]
     Config(String),
+    /// The source answered, but part of the answer was unusable (bad lines, unexpected JSON).
+    #[error("{0}")]
+    Data(String),
 }
 
 impl CollectError {
@@ -27,9 +35,41 @@ impl CollectError {
     }
 }
 
+/// One part of a source (an endpoint, a query window) that failed while the rest was read.
+#[derive(Debug)]
+pub struct PartProblem {
+    /// Which part: an endpoint URL, or a query and its time window.
+    pub part: String,
+    pub error: CollectError,
+}
+
+impl std::fmt::Display for PartProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Most errors already name their request; say the part only when they do not.
+        let error = self.error.to_string();
+        if error.contains(&self.part) {
+            f.write_str(&error)
+        } else {
+            write!(f, "{}: {error}", self.part)
+        }
+    }
+}
+
+/// What one run read: every observation it could, and a problem for each part that failed.
+/// A run whose parts all failed is an `Err` instead, so the source is marked stale.
+#[derive(Debug, Default)]
+pub struct CollectReport {
+    pub observations: Vec<Observation>,
+    pub problems: Vec<PartProblem>,
+}
+
 /// The future a collector run returns.
 pub type CollectFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Observation>, CollectError>> + Send + 'a>>;
+
+/// The future of a run that reports partial failures.
+pub type ReportFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<CollectReport, CollectError>> + Send + 'a>>;
 
 /// One configured pull source.
 pub trait Collector: Send + Sync {
@@ -37,12 +77,29 @@ pub trait Collector: Send + Sync {
     fn kind(&self) -> &'static str;
     /// The source name its observations carry.
     fn name(&self) -> &str;
-    /// Read the source once.
+    /// Read the source once. A source with several parts (endpoints) returns what worked as long
+    /// as one part did; [`Collector::collect_report`] also says which parts failed.
     fn collect(&self) -> CollectFuture<'_>;
+    /// Read the source once and say which parts failed. The default wraps [`Collector::collect`].
+    fn collect_report(&self) -> ReportFuture<'_> {
+        Box::pin(async move {
+            self.collect().await.map(|observations| CollectReport {
+                observations,
+                problems: Vec::new(),
+            })
+        })
+    }
+    /// Read what the source recorded from `since` until now, for sources that keep history
+    /// (a Prometheus), so that a server can fill the gap after downtime. `None` (the default)
+    /// when the source keeps no history.
+    fn backfill(&self, since: DateTime<Utc>) -> Option<ReportFuture<'_>> {
+        let _ = since;
+        None
+    }
 }
 
 /// The collector kinds this build knows.
-pub const KINDS: &[&str] = &[];
+pub const KINDS: &[&str] = &[collectors::dcgm::KIND];
 
 /// Whether `kind` names a collector of this build, with a message for config errors.
 pub fn check_kind(kind: &str) -> Result<(), String> {
@@ -67,11 +124,15 @@ pub fn build(
     name: &str,
     config_toml: &str,
 ) -> Result<Box<dyn Collector>, CollectError> {
-    // Each collector kind adds its arm here, e.g. `"kubernetes" => kubernetes::build(name, config_toml)`.
-    let _ = (name, config_toml);
-    Err(CollectError::Config(
-        check_kind(kind).err().unwrap_or_default(),
-    ))
+    match kind {
+        collectors::dcgm::KIND => Ok(Box::new(collectors::dcgm::DcgmCollector::from_toml(
+            name,
+            config_toml,
+        )?)),
+        _ => Err(CollectError::Config(
+            check_kind(kind).err().unwrap_or_default(),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -81,7 +142,20 @@ mod tests {
     #[test]
     fn unknown_kinds_are_explained() {
         let e = check_kind("kubernetes").unwrap_err();
-        assert!(e.contains("unknown collector type `kubernetes`"));
+        assert!(e.contains("unknown collector type `kubernetes`"), "{e}");
+        assert!(e.contains("known: dcgm"), "{e}");
         assert!(build("nope", "x", "").is_err());
+    }
+
+    #[test]
+    fn dcgm_is_registered() {
+        assert!(check_kind("dcgm").is_ok());
+        let c = build(
+            "dcgm",
+            "gpu-farm",
+            "type = \"dcgm\"\nname = \"gpu-farm\"\nendpoints = [\"http://127.0.0.1:9400/metrics\"]\n",
+        )
+        .unwrap();
+        assert_eq!((c.kind(), c.name()), ("dcgm", "gpu-farm"));
     }
 }

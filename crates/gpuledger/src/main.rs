@@ -23,6 +23,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; the size of the agent's arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the hub: push API, query API and dashboard.
@@ -400,13 +402,19 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
     for entry in &cfg.collectors {
         let text = entry.table.to_string();
         let result = match gpuledger_collect::build(&entry.kind, &entry.name, &text) {
-            Ok(c) => c.collect().await,
+            Ok(c) => c.collect_report().await,
             Err(e) => Err(e),
         };
         match result {
-            Ok(observations) => {
-                for o in observations {
+            Ok(report) => {
+                for o in report.observations {
                     println!("{}", serde_json::to_string(&o)?);
+                }
+                for p in report.problems {
+                    eprintln!(
+                        "collector `{}` ({}): part failed: {p}",
+                        entry.name, entry.kind
+                    );
                 }
             }
             Err(e) => {

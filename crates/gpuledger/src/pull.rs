@@ -77,8 +77,9 @@ pub fn build_all(
         .collect()
 }
 
-/// Run one collector forever: on its interval when healthy, with exponential backoff (up to
-/// ten intervals) after failures.
+/// Run one collector forever: first a backfill since the source's last success when it has
+/// been down for more than two intervals (collectors that keep history, e.g. Prometheus), then
+/// on its interval when healthy, with exponential backoff (up to ten intervals) after failures.
 pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
     tokio::spawn(async move {
         let principal = Principal {
@@ -87,10 +88,54 @@ pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
             kind: collector.kind().to_string(),
         };
         let mut failures: u32 = 0;
+        // After downtime, fill the gap from the source's history where it keeps one.
+        let since = store
+            .sources(chrono::Utc::now())
+            .await
+            .ok()
+            .and_then(|all| all.into_iter().find(|s| s.name == principal.source))
+            .and_then(|s| s.last_success)
+            .filter(|t| {
+                chrono::Utc::now() - *t
+                    > chrono::Duration::from_std(interval * 2).unwrap_or_default()
+            });
+        if let Some(since) = since {
+            if let Some(run) = collector.backfill(since) {
+                let now = chrono::Utc::now();
+                match run.await {
+                    Ok(report) => {
+                        let n = report.observations.len();
+                        match store_observations(&store, &principal, report.observations, now).await
+                        {
+                            Ok(_) => {
+                                tracing::info!(source = %principal.source, since = %since, observations = n, "backfilled after downtime")
+                            }
+                            Err(e) => {
+                                tracing::warn!(source = %principal.source, error = %e, "backfill could not be stored")
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(source = %principal.source, error = %e, "backfill failed")
+                    }
+                }
+            }
+        }
         loop {
             let now = chrono::Utc::now();
-            let result = match collector.collect().await {
-                Ok(obs) => store_observations(&store, &principal, obs, now).await,
+            let result = match collector.collect_report().await {
+                Ok(report) => {
+                    // Parts that failed are named on the sources page; what worked is kept.
+                    if let Some(first) = report.problems.first() {
+                        let msg =
+                            format!("{} part(s) failed; first: {first}", report.problems.len());
+                        tracing::warn!(source = %principal.source, problems = report.problems.len(), first = %first, "collector run partly failed");
+                        let _ = store
+                            .record_source_error(&principal.source, &principal.kind, &msg, now)
+                            .await;
+                    }
+                    store_observations(&store, &principal, report.observations, now).await
+                }
                 Err(e) => Err(anyhow::anyhow!(e.to_string())),
             };
             match result {

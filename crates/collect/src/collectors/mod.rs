@@ -1,0 +1,3 @@
+//! One module per collector kind; the module name is the kind string.
+
+pub mod dcgm;

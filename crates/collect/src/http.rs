@@ -1,0 +1,81 @@
+//! HTTP for collectors: one GET with a timeout and a size cap, and errors that say what to do.
+
+use std::error::Error as _;
+
+use crate::CollectError;
+
+/// Send `req` and read its body, refusing answers over `max_bytes`. `what` names the request in
+/// errors (a URL, a query).
+pub(crate) async fn get_bytes(
+    req: reqwest::RequestBuilder,
+    what: &str,
+    max_bytes: usize,
+) -> Result<Vec<u8>, CollectError> {
+    let mut resp = req.send().await.map_err(|e| send_error(what, e))?;
+    let read_failed = |e: reqwest::Error| {
+        CollectError::Transient(format!(
+            "{what}: reading the answer failed: {}",
+            causes(&e.without_url())
+        ))
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        // The first chunk is enough to say why.
+        let first = resp.chunk().await.map_err(read_failed)?.unwrap_or_default();
+        let snippet: String = String::from_utf8_lossy(&first).chars().take(300).collect();
+        let snippet = snippet.trim();
+        let msg = if snippet.is_empty() {
+            format!("{what}: answered HTTP {status}")
+        } else {
+            format!("{what}: answered HTTP {status}: {snippet}")
+        };
+        return Err(if status.is_client_error() && status.as_u16() != 429 {
+            CollectError::Config(format!("{msg}; check the URL, the query and any token"))
+        } else {
+            CollectError::Transient(msg)
+        });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(read_failed)? {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(CollectError::Data(format!(
+                "{what}: the answer is over {max_bytes} bytes; narrow what it returns"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn send_error(what: &str, e: reqwest::Error) -> CollectError {
+    // `what` already names the URL.
+    let e = e.without_url();
+    if e.is_timeout() {
+        CollectError::Transient(format!(
+            "{what}: timed out; check that it answers, or raise `timeout_secs`"
+        ))
+    } else if e.is_builder() {
+        CollectError::Config(format!("{what}: cannot build the request: {}", causes(&e)))
+    } else {
+        CollectError::Transient(format!(
+            "{what}: {}; check that it runs and that gpuledger can reach it",
+            causes(&e)
+        ))
+    }
+}
+
+/// An error and its causes on one line: reqwest's own text hides the useful part
+/// ("Connection refused") in its source chain.
+fn causes(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,995 @@
+//! Tests of the `dcgm` collector: one binary, real data, real servers.
+//!
+//! Map (add new tests to the matching section; name regressions after the bug they pin):
+//! - `corpus_*`: every file in `<corpus>/dcgm/` parsed, checked against values read off the files
+//!   by hand (see [`expectations`]); a new corpus file fails until it has its expectations.
+//! - `mutated_*`: corrupted corpus bytes and API answers; the parser reports problems or partial
+//!   results, never panics, and whatever it emits passes the push contract's validation.
+//! - `scrape_*`: the collector in scrape mode against a local HTTP server serving corpus files.
+//! - `prometheus_*`: a real Prometheus (Debian's `prometheus`) scrapes that server; the collector
+//!   queries it, instant and `query_range` backfill. Skipped without the binary unless
+//!   `GPULEDGER_REQUIRE_PROMETHEUS` is set.
+//!
+//! The corpus is found at `$GPULEDGER_CORPUS` or `<repo>/../shared/fixtures`; without it the
+//! corpus tests say they were skipped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use gpuledger_collect::collectors::dcgm::parse::{self, Mapped, UnknownKind};
+use gpuledger_collect::collectors::dcgm::DcgmCollector;
+use gpuledger_collect::{build, CollectError, Collector};
+use gpuledger_model::{Observation, PushAllocation, PushGpu, PushSample};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn corpus_dcgm() -> Option<PathBuf> {
+    let root = std::env::var_os("GPULEDGER_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"));
+    let dir = root.join("dcgm");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipped: no dcgm corpus at {} (set GPULEDGER_CORPUS to the fixtures folder)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn corpus_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+fn at() -> DateTime<Utc> {
+    "2026-12-02T12:00:00Z".parse().unwrap()
+}
+
+/// Everything emitted must pass the same validation as a push (gpuledger-ledger's rules).
+fn assert_valid(gpus: &[PushGpu], samples: &[PushSample], allocations: &[PushAllocation]) {
+    let body = serde_json::json!({ "gpus": gpus, "samples": samples, "allocations": allocations });
+    let far: DateTime<Utc> = "9999-12-31T23:59:59Z".parse().unwrap();
+    let v = gpuledger_ledger::validate_body(body.as_object().unwrap().clone(), far, 0);
+    assert!(v.rejections.is_empty(), "rejected: {:?}", v.rejections);
+}
+
+fn assert_valid_observations(obs: &[Observation]) {
+    let (mut g, mut s, mut a) = (Vec::new(), Vec::new(), Vec::new());
+    for o in obs {
+        match o {
+            Observation::Gpu { gpu, .. } => g.push(gpu.clone()),
+            Observation::Sample { sample, .. } => s.push(sample.clone()),
+            Observation::Allocation { allocation, .. } => a.push(allocation.clone()),
+            Observation::HostGpuCount { .. } => panic!("dcgm reports UUIDs, not counts"),
+        }
+    }
+    assert_valid(&g, &s, &a);
+}
+
+fn map_file(path: &Path) -> Mapped {
+    let text = std::fs::read_to_string(path).unwrap();
+    let parsed = parse::parse_text(&text);
+    assert!(
+        parsed.problems.is_empty(),
+        "{}: {:?}",
+        file_name(path),
+        parsed.problems
+    );
+    parse::map(&parsed.series, at())
+}
+
+// ---------------------------------------------------------------------------------------------
+// corpus_*: expected values read off the files (grep UUID, modelName, GPU_I_*, pod, FB_*, ...)
+
+struct Gpu {
+    uuid: &'static str,
+    model: &'static str,
+    host: Option<&'static str>,
+    pci_bus_id: Option<&'static str>,
+    driver: Option<&'static str>,
+    /// FB_USED + FB_FREE (+ FB_RESERVED)
+    memory_mib: Option<u64>,
+    /// GR_ENGINE_ACTIVE x 100, else GPU_UTIL
+    util_pct: Option<f64>,
+    power_w: Option<f64>,
+}
+
+struct Mig {
+    parent: &'static str,
+    gi: &'static str,
+    profile: &'static str,
+    memory_mib: Option<u64>,
+    util_pct: Option<f64>,
+}
+
+struct Expect {
+    gpus: Vec<Gpu>,
+    migs: Vec<Mig>,
+    /// (GPU UUID, workload)
+    pods: Vec<(&'static str, &'static str)>,
+    /// (GPU or MIG UUID, field, kind)
+    unknown: Vec<(String, &'static str, UnknownKind)>,
+}
+
+fn expectations() -> BTreeMap<&'static str, Expect> {
+    const A100_MIG: &str = "GPU-473571f2-fb37-ef7e-50fe-9885b74a23cd";
+    const DOCS_A100: &str = "GPU-34319582-d595-d1c7-d1d2-179bcfa61660";
+    let only_mig = |uuid: &str| {
+        ["activity", "mem_used_mib", "power_w", "memory_mib"]
+            .into_iter()
+            .map(|f| (uuid.to_string(), f, UnknownKind::OnlyMigSeries))
+            .collect::<Vec<_>>()
+    };
+    let mig = |parent, gi, profile, memory_mib, util_pct| Mig {
+        parent,
+        gi,
+        profile,
+        memory_mib,
+        util_pct,
+    };
+    BTreeMap::from([
+        (
+            "aws-kops-nvidia-l4-full-scrape.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c",
+                    model: "NVIDIA L4",
+                    host: Some("i-030791dc5a37cd257"),
+                    pci_bus_id: Some("00000000:31:00.0"),
+                    driver: Some("580.105.08"),
+                    memory_mib: Some(23033), // 0 + 22563 + 470 reserved
+                    util_pct: Some(0.0),
+                    power_w: Some(16.365),
+                }],
+                migs: vec![],
+                pods: vec![],
+                unknown: vec![],
+            },
+        ),
+        (
+            "k8s-a100-sxm4-40gb-mig-4-instances.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: A100_MIG,
+                    model: "NVIDIA A100-SXM4-40GB",
+                    host: None, // Hostname is the exporter's pod, nvidia-dcgm-exporter-tl46n
+                    pci_bus_id: None,
+                    driver: Some("520.56.06"),
+                    memory_mib: None,
+                    util_pct: None,
+                    power_w: None,
+                }],
+                migs: vec![
+                    mig(A100_MIG, "5", "2g.10gb", Some(9856), Some(0.0)),
+                    mig(A100_MIG, "7", "1g.5gb", Some(4863), Some(0.0)),
+                    mig(A100_MIG, "8", "1g.5gb", Some(4864), Some(40.8493)),
+                    mig(A100_MIG, "9", "1g.5gb", Some(4863), Some(0.0)),
+                ],
+                pods: vec![], // pod labels present but empty
+                unknown: only_mig(A100_MIG),
+            },
+        ),
+        (
+            "k8s-a100-sxm4-40gb-mig-disabled.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: "GPU-7099682b-a20d-2bcc-74ab-b9060454d81e",
+                    model: "NVIDIA A100-SXM4-40GB",
+                    host: None, // nvidia-dcgm-exporter-drqwq
+                    pci_bus_id: None,
+                    driver: Some("520.56.06"),
+                    memory_mib: Some(40384),
+                    util_pct: Some(0.0),
+                    power_w: Some(45.999),
+                }],
+                migs: vec![],
+                pods: vec![],
+                unknown: vec![],
+            },
+        ),
+        (
+            "k8s-tesla-t4-2gpu-pod-labels.prom",
+            Expect {
+                gpus: vec![
+                    Gpu {
+                        uuid: "GPU-5f587dd4-6505-0873-c6db-8324dbfe5ba9",
+                        model: "Tesla T4",
+                        host: None, // nvidia-dcgm-exporter-s228n
+                        pci_bus_id: None,
+                        driver: Some("525.60.13"),
+                        memory_mib: Some(14960),
+                        util_pct: Some(0.0),
+                        power_w: Some(17.035),
+                    },
+                    Gpu {
+                        uuid: "GPU-7a2e92f2-be71-d37e-a744-541600ffc722",
+                        model: "Tesla T4",
+                        host: None,
+                        pci_bus_id: None,
+                        driver: Some("525.60.13"),
+                        memory_mib: Some(14959),
+                        util_pct: Some(0.0039),
+                        power_w: Some(28.722),
+                    },
+                ],
+                migs: vec![],
+                pods: vec![(
+                    "GPU-7a2e92f2-be71-d37e-a744-541600ffc722",
+                    "runai-reservation/runai-reservation-gpu-qa-mig-worker-gpu-1-kvltw",
+                )],
+                unknown: vec![],
+            },
+        ),
+        (
+            "nvidia-docs-a100-mig-no-help-type.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: DOCS_A100,
+                    model: "unknown", // no modelName label in the 2.x format
+                    host: Some("ub20-a100-k8s"),
+                    pci_bus_id: None,
+                    driver: None,
+                    memory_mib: Some(40535),
+                    util_pct: Some(99.563),
+                    power_w: Some(409.692),
+                }],
+                migs: vec![mig(DOCS_A100, "13", "1g.5gb", None, Some(99.5687))],
+                pods: vec![],
+                unknown: vec![
+                    (
+                        format!("MIG-{DOCS_A100}/13"),
+                        "mem_used_mib",
+                        UnknownKind::Absent,
+                    ),
+                    (
+                        format!("MIG-{DOCS_A100}/13"),
+                        "memory_mib",
+                        UnknownKind::Absent,
+                    ),
+                ],
+            },
+        ),
+        (
+            "upcloud-k8s-nvidia-l40s-full-scrape.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43",
+                    model: "NVIDIA L40S",
+                    host: Some("gpu1-wl8sg"),
+                    pci_bus_id: Some("00000000:00:07.0"),
+                    driver: Some("595.58.03"),
+                    memory_mib: Some(46067), // 0 + 45459 + 608
+                    util_pct: Some(0.0),
+                    power_w: Some(35.686),
+                }],
+                migs: vec![],
+                pods: vec![],
+                unknown: vec![],
+            },
+        ),
+        (
+            "vsphere-vks-vgpu-grid-a100-40c.prom",
+            Expect {
+                gpus: vec![Gpu {
+                    uuid: "GPU-0946f70c-659b-4c39-8b78-7e7600000000",
+                    model: "GRID A100-40C",
+                    host: Some("test-ai-1-node-pool-40c-d5ds8-br9r6-9tb2c"),
+                    pci_bus_id: Some("00000000:03:00.0"),
+                    driver: Some("580.126.09"),
+                    memory_mib: Some(40959), // 0 + 37739 + 3220
+                    util_pct: Some(0.0),     // GPU_UTIL: no DCGM_FI_PROF_* here
+                    power_w: None,
+                }],
+                migs: vec![],
+                pods: vec![],
+                unknown: vec![(
+                    "GPU-0946f70c-659b-4c39-8b78-7e7600000000".into(),
+                    "power_w",
+                    UnknownKind::Absent,
+                )],
+            },
+        ),
+    ])
+}
+
+fn close(a: Option<f64>, b: Option<f64>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Check one mapping (from a scrape or from a Prometheus) against a file's expectations.
+fn check(file: &str, m: &Mapped, e: &Expect) {
+    let physical: Vec<&PushGpu> = m.physical_gpus().collect();
+    assert_eq!(physical.len(), e.gpus.len(), "{file}: physical GPUs");
+    for want in &e.gpus {
+        let g = physical
+            .iter()
+            .find(|g| g.uuid == want.uuid)
+            .unwrap_or_else(|| panic!("{file}: no {}", want.uuid));
+        assert_eq!(g.model, want.model, "{file}");
+        assert_eq!(g.host.as_deref(), want.host, "{file}");
+        assert_eq!(g.pci_bus_id.as_deref(), want.pci_bus_id, "{file}");
+        assert_eq!(
+            g.labels.get("driver_version").map(String::as_str),
+            want.driver,
+            "{file}"
+        );
+        assert_eq!(g.memory_mib, want.memory_mib, "{file} {}", want.uuid);
+        let s = m.samples.iter().find(|s| s.gpu_uuid == want.uuid);
+        assert!(
+            close(s.and_then(|s| s.util_pct), want.util_pct),
+            "{file} {}: util {:?}",
+            want.uuid,
+            s.map(|s| s.util_pct)
+        );
+        assert!(
+            close(s.and_then(|s| s.power_w), want.power_w),
+            "{file} {}: power {:?}",
+            want.uuid,
+            s.map(|s| s.power_w)
+        );
+    }
+    let migs: Vec<&PushGpu> = m.mig_instances().collect();
+    assert_eq!(migs.len(), e.migs.len(), "{file}: MIG instances");
+    for want in &e.migs {
+        let uuid = format!("MIG-{}/{}", want.parent, want.gi);
+        let g = migs
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .unwrap_or_else(|| panic!("{file}: no {uuid}"));
+        assert_eq!(g.mig_parent_uuid.as_deref(), Some(want.parent));
+        assert_eq!(g.mig_profile.as_deref(), Some(want.profile));
+        assert_eq!(g.memory_mib, want.memory_mib, "{file} {uuid}");
+        let s = m.samples.iter().find(|s| s.gpu_uuid == uuid);
+        assert!(
+            close(s.and_then(|s| s.util_pct), want.util_pct),
+            "{file} {uuid}"
+        );
+        assert_eq!(
+            s.and_then(|s| s.power_w),
+            None,
+            "board power stays on the GPU"
+        );
+    }
+    let mut pods: Vec<(String, String)> = m
+        .allocations()
+        .into_iter()
+        .map(|a| (a.gpu_uuid, a.workload))
+        .collect();
+    pods.sort();
+    let want: Vec<(String, String)> = e
+        .pods
+        .iter()
+        .map(|(g, w)| (g.to_string(), w.to_string()))
+        .collect();
+    assert_eq!(pods, want, "{file}: allocations");
+    let got: BTreeSet<(String, &str, UnknownKind)> = m
+        .unknown
+        .iter()
+        .map(|u| (u.gpu_uuid.clone(), u.field, u.kind))
+        .collect();
+    let want: BTreeSet<(String, &str, UnknownKind)> = e.unknown.iter().cloned().collect();
+    assert_eq!(got, want, "{file}: unknown fields");
+}
+
+#[test]
+fn corpus_every_file_has_expected_gpus_mig_pods_and_unknowns() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let expect = expectations();
+    let files = corpus_files(&dir);
+    assert!(!files.is_empty());
+    for path in &files {
+        let name = file_name(path);
+        let e = expect
+            .get(name.as_str())
+            .unwrap_or_else(|| panic!("{name} is new in the corpus: add its expectations"));
+        let m = map_file(path);
+        assert!(m.problems.is_empty(), "{name}: {:?}", m.problems);
+        check(&name, &m, e);
+        assert_valid(&m.gpus, &m.samples, &m.allocations());
+        // Parents come before their instances, as ingest wants.
+        for (i, g) in m.gpus.iter().enumerate() {
+            if let Some(p) = &g.mig_parent_uuid {
+                assert!(m.gpus[..i].iter().any(|x| &x.uuid == p), "{name}");
+            }
+        }
+    }
+}
+
+/// Prints the per-file results table the docs carry (`cargo test -p gpuledger-collect --test dcgm
+/// corpus_results_table -- --nocapture`).
+#[test]
+fn corpus_results_table() {
+    let Some(dir) = corpus_dcgm() else { return };
+    println!("| file | GPUs | MIG instances | allocations | unknown |");
+    println!("| --- | --- | --- | --- | --- |");
+    for path in corpus_files(&dir) {
+        let m = map_file(&path);
+        let gpus: Vec<String> = m
+            .physical_gpus()
+            .map(|g| format!("{} `{}`", g.model, &g.uuid[..12]))
+            .collect();
+        let migs: Vec<String> = m
+            .mig_instances()
+            .map(|g| {
+                format!(
+                    "{} (GI {})",
+                    g.mig_profile.as_deref().unwrap_or("?"),
+                    g.labels["gpu_instance_id"]
+                )
+            })
+            .collect();
+        let allocations: Vec<String> = m
+            .allocations()
+            .iter()
+            .map(|a| format!("{} `{}`", a.kind.as_str(), a.workload))
+            .collect();
+        let unknown: Vec<String> = m
+            .unknown
+            .iter()
+            .map(|u| {
+                let who = if u.gpu_uuid.starts_with("MIG-") {
+                    "MIG"
+                } else {
+                    "GPU"
+                };
+                format!("{who} {}: {}", u.field, u.detail)
+            })
+            .collect();
+        let cell = |v: Vec<String>| {
+            if v.is_empty() {
+                "—".to_string()
+            } else {
+                v.join("; ")
+            }
+        };
+        let mig_cell = if migs.is_empty() {
+            "0".to_string()
+        } else {
+            format!("{}: {}", migs.len(), migs.join(", "))
+        };
+        println!(
+            "| {} | {} | {mig_cell} | {} | {} |",
+            file_name(&path),
+            cell(gpus),
+            cell(allocations),
+            cell(unknown)
+        );
+    }
+}
+
+#[test]
+fn corpus_sentinel_values_become_unknown() {
+    let Some(dir) = corpus_dcgm() else { return };
+    // The corpus's full scrapes carry no sentinel; put DCGM's in where a real exporter does.
+    let text = std::fs::read_to_string(dir.join("aws-kops-nvidia-l4-full-scrape.prom")).unwrap();
+    let text = text
+        .lines()
+        .map(|l| {
+            let (head, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+            if l.starts_with("DCGM_FI_DEV_POWER_USAGE{") {
+                format!("{head} 9223372036854775794") // int64 NOT_SUPPORTED
+            } else if l.starts_with("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") {
+                format!("{head} 140737488355328.000000") // fp64 BLANK
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let m = parse::map(&parse::parse_text(&text).series, at());
+    let s = &m.samples[0];
+    assert_eq!(s.power_w, None);
+    assert_eq!(s.util_pct, Some(0.0), "falls back to DCGM_FI_DEV_GPU_UTIL");
+    let power = m.unknown.iter().find(|u| u.field == "power_w").unwrap();
+    assert_eq!(power.kind, UnknownKind::Sentinel);
+    assert!(power.detail.contains("NOT_SUPPORTED"), "{}", power.detail);
+    assert_valid(&m.gpus, &m.samples, &m.allocations());
+}
+
+// ---------------------------------------------------------------------------------------------
+// mutated_*: damage must never panic, and what survives must still be valid
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn mutate(rng: &mut Rng, bytes: &[u8]) -> Vec<u8> {
+    const JUNK: &[u8] = b"{}\",=\\\n #9eE.-+xNaInf\xff\x00";
+    let mut b = bytes.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        if b.is_empty() {
+            break;
+        }
+        let i = rng.below(b.len());
+        match rng.below(6) {
+            0 => b[i] = JUNK[rng.below(JUNK.len())],
+            1 => b.truncate(i),
+            2 => {
+                b.remove(i);
+            }
+            3 => b.insert(i, JUNK[rng.below(JUNK.len())]),
+            4 => {
+                let j = (i + rng.below(64)).min(b.len());
+                let chunk = b[i..j].to_vec();
+                b.splice(i..i, chunk);
+            }
+            _ => b[i] = (rng.next() & 0xff) as u8,
+        }
+    }
+    b
+}
+
+#[test]
+fn mutated_scrapes_never_panic_and_stay_valid() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let (mut runs, mut with_problems) = (0, 0);
+    for path in corpus_files(&dir) {
+        let bytes = std::fs::read(&path).unwrap();
+        for _ in 0..150 {
+            let damaged = mutate(&mut rng, &bytes);
+            let parsed = parse::parse_text(&String::from_utf8_lossy(&damaged));
+            let m = parse::map(&parsed.series, at());
+            assert_valid(&m.gpus, &m.samples, &m.allocations());
+            runs += 1;
+            if !parsed.problems.is_empty() || !m.problems.is_empty() {
+                with_problems += 1;
+            }
+        }
+    }
+    assert!(
+        with_problems > 0 && with_problems < runs,
+        "{with_problems}/{runs}"
+    );
+}
+
+#[test]
+fn mutated_api_answers_never_panic_and_stay_valid() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for path in corpus_files(&dir) {
+        // A Prometheus answer holding this file's series, as /api/v1/query gives it.
+        let parsed = parse::parse_text(&std::fs::read_to_string(&path).unwrap());
+        let result: Vec<serde_json::Value> = parsed
+            .series
+            .iter()
+            .map(|s| {
+                let mut metric = s.labels.clone();
+                metric.insert("__name__".into(), s.metric.clone());
+                serde_json::json!({ "metric": metric, "value": [1764676800.5, s.values[0].raw] })
+            })
+            .collect();
+        let answer = serde_json::json!({
+            "status": "success",
+            "data": { "resultType": "vector", "result": result }
+        });
+        let bytes = serde_json::to_vec(&answer).unwrap();
+        let whole = parse::map(&parse::parse_api(&bytes).unwrap().series, at());
+        assert_eq!(
+            whole.gpus.len(),
+            map_file(&path).gpus.len(),
+            "{}",
+            file_name(&path)
+        );
+        for _ in 0..100 {
+            let damaged = mutate(&mut rng, &bytes);
+            if let Ok(p) = parse::parse_api(&damaged) {
+                let m = parse::map(&p.series, at());
+                assert_valid(&m.gpus, &m.samples, &m.allocations());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A local HTTP server serving the corpus the way dcgm-exporter serves /metrics
+
+struct Server {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serve `<dir>/<file>` at `/dcgm/<file>`; `/html` answers a web page, `/fail` a 500.
+async fn serve_corpus(dir: PathBuf) -> Server {
+    use axum::extract::Path as UrlPath;
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+
+    let app = axum::Router::new()
+        .route(
+            "/dcgm/{file}",
+            get(move |UrlPath(file): UrlPath<String>| {
+                let dir = dir.clone();
+                async move {
+                    if file.contains('/') || file.starts_with('.') {
+                        return Err(StatusCode::NOT_FOUND);
+                    }
+                    // Verbatim, including the two files without a final newline (Prometheus
+                    // 2.42 takes them as they are).
+                    let text = std::fs::read_to_string(dir.join(&file))
+                        .map_err(|_| StatusCode::NOT_FOUND)?;
+                    Ok((
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    ))
+                }
+            }),
+        )
+        .route(
+            "/html",
+            get(|| async { "<html><body>Grafana</body></html>" }),
+        )
+        .route(
+            "/fail",
+            get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "exporter broke") }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    Server { addr, task }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn gpu_uuids(obs: &[Observation], mig: bool) -> BTreeSet<String> {
+    obs.iter()
+        .filter_map(|o| match o {
+            Observation::Gpu { gpu, .. } if gpu.mig_parent_uuid.is_some() == mig => {
+                Some(gpu.uuid.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// scrape_*
+
+#[tokio::test]
+async fn scrape_one_failing_endpoint_does_not_fail_the_others() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let server = serve_corpus(dir).await;
+    let base = format!("http://{}", server.addr);
+    let refused = format!("http://127.0.0.1:{}/metrics", free_port());
+    let toml = format!(
+        "type = \"dcgm\"\nname = \"farm\"\ntimeout_secs = 5\nendpoints = [\"{base}/dcgm/k8s-tesla-t4-2gpu-pod-labels.prom\", \"{base}/dcgm/vsphere-vks-vgpu-grid-a100-40c.prom\", \"{base}/fail\", \"{base}/html\", \"{base}/dcgm/missing.prom\", \"{refused}\"]\n"
+    );
+    let c = build("dcgm", "farm", &toml).unwrap();
+    let report = c.collect_report().await.unwrap();
+    assert_eq!(gpu_uuids(&report.observations, false).len(), 3);
+    assert_valid_observations(&report.observations);
+    let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+    assert!(
+        problems[0].contains("/fail") && problems[0].contains("HTTP 500"),
+        "{problems:#?}"
+    );
+    assert!(problems[1].contains("no GPU found"), "{problems:#?}");
+    assert!(
+        problems[2].contains("HTTP 404") && problems[2].contains("check the URL"),
+        "{problems:#?}"
+    );
+    assert!(problems[3].contains("check that it runs"), "{problems:#?}");
+    assert!(report.problems[0].error.is_retryable());
+    assert!(!report.problems[2].error.is_retryable());
+    // Provenance names the source and the endpoint.
+    let p = report.observations[0].provenance();
+    assert_eq!(p.source, "farm");
+    assert!(p
+        .raw_key
+        .as_deref()
+        .unwrap()
+        .ends_with("k8s-tesla-t4-2gpu-pod-labels.prom"));
+    // The plain trait call keeps what worked too.
+    assert!(!c.collect().await.unwrap().is_empty());
+    assert!(
+        c.backfill(Utc::now()).is_none(),
+        "an exporter keeps no history"
+    );
+
+    let all_bad = build(
+        "dcgm",
+        "x",
+        &format!("endpoints = [\"{base}/fail\", \"{refused}\"]\ntimeout_secs = 5\n"),
+    )
+    .unwrap();
+    match all_bad.collect().await {
+        Err(CollectError::Transient(m)) => {
+            assert!(
+                m.contains("all 2 parts failed") && m.contains("HTTP 500"),
+                "{m}"
+            )
+        }
+        other => panic!("expected a transient error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn scrape_allocations_keep_their_start_across_runs() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let server = serve_corpus(dir).await;
+    let url = format!(
+        "http://{}/dcgm/k8s-tesla-t4-2gpu-pod-labels.prom",
+        server.addr
+    );
+    let c = build("dcgm", "x", &format!("endpoints = [\"{url}\"]")).unwrap();
+    let start = |obs: Vec<Observation>| {
+        obs.into_iter()
+            .find_map(|o| match o {
+                Observation::Allocation { allocation, .. } => Some(allocation),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let first = start(c.collect().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = start(c.collect().await.unwrap());
+    assert_eq!(
+        first.start, second.start,
+        "the same allocation, not a new one"
+    );
+    assert_eq!(second.end, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// prometheus_*
+
+/// A child process killed and reaped when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A temporary folder removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("gpuledger-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn find_prometheus() -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("prometheus"))
+        .find(|p| p.is_file())
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let Some(prometheus) = find_prometheus() else {
+        if std::env::var_os("GPULEDGER_REQUIRE_PROMETHEUS").is_some() {
+            panic!("GPULEDGER_REQUIRE_PROMETHEUS is set but no `prometheus` is on PATH; install Debian's `prometheus` package");
+        }
+        eprintln!("skipped: no `prometheus` on PATH (apt-get install prometheus)");
+        return;
+    };
+    let files = corpus_files(&dir);
+    let server = serve_corpus(dir.clone()).await;
+    let tmp = TempDir::new("prometheus");
+    let mut config =
+        String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+    for f in &files {
+        let name = file_name(f);
+        config.push_str(&format!(
+            "  - job_name: \"{}\"\n    metrics_path: \"/dcgm/{name}\"\n    static_configs:\n      - targets: [\"{}\"]\n",
+            name.trim_end_matches(".prom"),
+            server.addr
+        ));
+    }
+    std::fs::write(tmp.0.join("prometheus.yml"), config).unwrap();
+    let port = free_port();
+    let log = std::fs::File::create(tmp.0.join("prometheus.log")).unwrap();
+    let _prom = Running(
+        Command::new(&prometheus)
+            .arg(format!(
+                "--config.file={}",
+                tmp.0.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.0.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus"),
+    );
+    let since = Utc::now() - chrono::Duration::seconds(2);
+    let prom_url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = async {
+            let v: serde_json::Value = http
+                .get(format!("{prom_url}/api/v1/targets"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let targets = v["data"]["activeTargets"].as_array()?.clone();
+            Some(targets.len() == files.len() && targets.iter().all(|t| t["health"] == "up"))
+        }
+        .await;
+        if up == Some(true) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(tmp.0.join("prometheus.log")).unwrap_or_default();
+            panic!("Prometheus targets not all up within 60 s; its log:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // A few more scrapes, so that the backfill has a range to read.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let toml = format!(
+        "type = \"dcgm\"\nname = \"prom\"\nprometheus_url = \"{prom_url}\"\nbackfill_step_secs = 1\ntimeout_secs = 10\n"
+    );
+    let c = DcgmCollector::from_toml("prom", &toml).unwrap();
+    let report = c.run().await.unwrap();
+    let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_valid_observations(&report.observations);
+
+    // The same GPUs, instances, values and pods as parsing the files directly.
+    let expect = expectations();
+    let mut all = Mapped::default();
+    for o in &report.observations {
+        match o {
+            Observation::Gpu { gpu, .. } => all.gpus.push(gpu.clone()),
+            Observation::Sample { sample, .. } => all.samples.push(sample.clone()),
+            _ => {}
+        }
+    }
+    let physical: BTreeSet<&str> = expect
+        .values()
+        .flat_map(|e| e.gpus.iter().map(|g| g.uuid))
+        .collect();
+    assert_eq!(
+        gpu_uuids(&report.observations, false),
+        physical.iter().map(|s| s.to_string()).collect()
+    );
+    assert_eq!(gpu_uuids(&report.observations, true).len(), 5);
+    for e in expect.values() {
+        for want in &e.gpus {
+            let g = all.gpus.iter().find(|g| g.uuid == want.uuid).unwrap();
+            assert_eq!(g.model, want.model);
+            assert_eq!(g.memory_mib, want.memory_mib, "{}", want.uuid);
+            let s = all.samples.iter().find(|s| s.gpu_uuid == want.uuid);
+            assert!(
+                close(s.and_then(|s| s.util_pct), want.util_pct),
+                "{}",
+                want.uuid
+            );
+            assert!(
+                close(s.and_then(|s| s.power_w), want.power_w),
+                "{}",
+                want.uuid
+            );
+        }
+    }
+    let pods: Vec<String> = report
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Allocation { allocation, .. } => Some(allocation.workload.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pods,
+        ["runai-reservation/runai-reservation-gpu-qa-mig-worker-gpu-1-kvltw"]
+    );
+
+    // Backfill: query_range over the scraped period, one sample per GPU per second.
+    let until = Utc::now();
+    let backfill = c.backfill_range(since, until).await.unwrap();
+    assert!(backfill.problems.is_empty(), "{:?}", backfill.problems);
+    assert_valid_observations(&backfill.observations);
+    assert_eq!(
+        gpu_uuids(&backfill.observations, false).len(),
+        physical.len()
+    );
+    let l4 = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c";
+    let l4_samples: Vec<&PushSample> = backfill
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Sample { sample, .. } if sample.gpu_uuid == l4 => Some(sample),
+            _ => None,
+        })
+        .collect();
+    assert!(l4_samples.len() >= 3, "{} samples", l4_samples.len());
+    let times: BTreeSet<i64> = l4_samples.iter().map(|s| s.ts.timestamp()).collect();
+    assert_eq!(times.len(), l4_samples.len(), "one sample per step");
+    assert!(l4_samples.iter().all(|s| s.power_w == Some(16.365)));
+    assert!(times
+        .iter()
+        .all(|t| *t >= since.timestamp() && *t <= until.timestamp()));
+    let alloc = backfill
+        .observations
+        .iter()
+        .find_map(|o| match o {
+            Observation::Allocation { allocation, .. } => Some(allocation),
+            _ => None,
+        })
+        .unwrap();
+    assert!(alloc.start >= since && alloc.end.is_none(), "{alloc:?}");
+    // The trait offers the same backfill to a server holding any collector.
+    assert!(c.backfill(since).is_some());
+}
