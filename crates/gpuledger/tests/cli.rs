@@ -253,3 +253,70 @@ fn demo_loads_through_ingest_and_summarizes() {
     assert!(t["idle_hours"].as_i64().unwrap() > 0 && t["unknown_hours"].as_i64().unwrap() > 0);
     assert!(t["allocated_idle_hours"].as_i64().unwrap() > 0);
 }
+
+/// Serve one file over HTTP on a free port from a thread, for as long as the test runs.
+fn serve_file(body: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("http://{addr}/metrics")
+}
+
+#[tokio::test]
+async fn serve_runs_a_configured_dcgm_collector() {
+    let corpus = std::env::var_os("GPULEDGER_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        });
+    let file = corpus.join("dcgm/aws-kops-nvidia-l4-full-scrape.prom");
+    let Ok(scrape) = std::fs::read_to_string(&file) else {
+        eprintln!(
+            "skipped: serve_runs_a_configured_dcgm_collector (no corpus at {})",
+            file.display()
+        );
+        return;
+    };
+    let dir = tempdir("collector");
+    let endpoint = serve_file(scrape);
+    std::fs::write(
+        dir.join("g.toml"),
+        format!("[[collectors]]\ntype = \"dcgm\"\nname = \"dcgm-lab\"\ninterval_secs = 10\nendpoints = [\"{endpoint}\"]\n"),
+    )
+    .unwrap();
+    let (_server, base) = serve(&dir, &["--config", "g.toml"]);
+    let mut gpus = serde_json::Value::Null;
+    for _ in 0..50 {
+        gpus = reqwest::get(format!("{base}/api/v1/gpus"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if gpus["count"] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(gpus["items"][0]["model"], "NVIDIA L4", "{gpus}");
+    assert_eq!(gpus["items"][0]["source"], "dcgm-lab");
+    let sources: serde_json::Value = reqwest::get(format!("{base}/api/v1/sources"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sources["items"][0]["kind"], "dcgm");
+    assert_eq!(sources["items"][0]["status"], "ok");
+}

@@ -40,7 +40,8 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// Points per series in one `query_range` request (Prometheus refuses more than 11,000).
 const BACKFILL_POINTS_PER_REQUEST: i64 = 120;
 
-/// The entry's settings as written. `type` and `name` belong to the `[[collectors]]` entry.
+/// The entry's settings as written. `type`, `name` and `interval_secs` belong to the
+/// `[[collectors]]` entry (the server's runner reads the interval).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
@@ -48,6 +49,8 @@ struct FileConfig {
     _kind: Option<String>,
     #[serde(rename = "name")]
     _name: Option<String>,
+    #[serde(rename = "interval_secs")]
+    _interval_secs: Option<u64>,
     #[serde(default)]
     endpoints: Vec<String>,
     prometheus_url: Option<String>,
