@@ -60,29 +60,26 @@ pub struct Host {
     pub index: u64,
 }
 
+/// A UUID-shaped name (`GPU-…` or `MIG-…`) from a hash; `salt` varies the last group.
+fn uuid_from(prefix: &str, h: u64, salt: u64) -> String {
+    format!(
+        "{prefix}-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        h >> 32,
+        (h >> 16) & 0xffff,
+        h & 0xffff,
+        (mix(h) >> 48) & 0xffff,
+        mix(h ^ salt) & 0xffff_ffff_ffff
+    )
+}
+
 impl Host {
     pub fn uuid(&self, gpu: u32) -> String {
-        let h = mix(self.index * 1000 + gpu as u64 + 7);
-        format!(
-            "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-            h >> 32,
-            (h >> 16) & 0xffff,
-            h & 0xffff,
-            (mix(h) >> 48) & 0xffff,
-            mix(h ^ 0x5bd1e995) & 0xffff_ffff_ffff
-        )
+        uuid_from("GPU", mix(self.index * 1000 + gpu as u64 + 7), 0x5bd1e995)
     }
 
     pub fn mig_uuid(&self, gpu: u32, instance: u32) -> String {
         let h = mix(self.index * 100_000 + gpu as u64 * 10 + instance as u64 + 3);
-        format!(
-            "MIG-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-            h >> 32,
-            (h >> 16) & 0xffff,
-            h & 0xffff,
-            (mix(h) >> 48) & 0xffff,
-            mix(h ^ 0x27d4eb2d) & 0xffff_ffff_ffff
-        )
+        uuid_from("MIG", h, 0x27d4eb2d)
     }
 }
 
