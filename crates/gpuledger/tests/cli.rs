@@ -31,9 +31,15 @@ impl Drop for Server {
 
 /// Start `gpuledger serve` on a free port and return it with its base URL.
 fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
+    serve_with_env(dir, extra, &[])
+}
+
+/// [`serve`] with extra environment variables.
+fn serve_with_env(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server, String) {
     let mut child = bin()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -126,21 +132,12 @@ async fn serve_takes_database_and_config_from_environment() {
     let dir = tempdir("env");
     std::fs::write(dir.join("g.toml"), "[auth]\nread_requires_token = true\n").unwrap();
     let db = format!("sqlite://{}/other.db", dir.display());
-    let mut child = bin()
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("GPULEDGER_DATABASE_URL", &db)
-        .env("GPULEDGER_CONFIG", dir.join("g.toml"))
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let server = Server(child);
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    let config = dir.join("g.toml").display().to_string();
+    let (server, base) = serve_with_env(
+        &dir,
+        &[],
+        &[("GPULEDGER_DATABASE_URL", db), ("GPULEDGER_CONFIG", config)],
+    );
     assert!(dir.join("other.db").exists());
     let status = reqwest::get(format!("{base}/api/v1/gpus"))
         .await
