@@ -486,6 +486,7 @@ mod tests {
             kind: AllocationKind::Process,
             user: None,
             team: None,
+            owner: None,
         };
         let merged = merge(vec![
             PushBody {

@@ -49,6 +49,7 @@ impl OpenAllocation {
             kind: AllocationKind::Process,
             user: self.user.clone(),
             team: None,
+            owner: None,
         }
     }
 }

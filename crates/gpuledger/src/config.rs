@@ -423,7 +423,7 @@ max_body_bytes = 2048
     #[test]
     fn every_problem_is_reported_with_its_position() {
         let problems = parse(
-            "listen = \"nowhere\"\nlisten_addr = 1\n[thresholds]\nidle_pct = 500\n[rates]\nH100 = \"cheap\"\n[[collectors]]\ntype = \"kubernetes\"\n",
+            "listen = \"nowhere\"\nlisten_addr = 1\n[thresholds]\nidle_pct = 500\n[rates]\nH100 = \"cheap\"\n[[collectors]]\ntype = \"slurm\"\n",
         )
         .unwrap_err();
         let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();

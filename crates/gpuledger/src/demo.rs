@@ -591,6 +591,7 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
                     )
                 }),
                 team: h.team.map(String::from),
+                owner: None,
             });
         }
     }

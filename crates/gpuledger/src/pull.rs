@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use gpuledger_collect::Collector;
-use gpuledger_ledger::validate_body;
+use gpuledger_ledger::validate_collected;
 use gpuledger_model::{Observation, PushBody};
 use gpuledger_store::{IngestOutcome, Principal, Store};
 
 use crate::config::CollectorEntry;
 
-/// Store one run's observations as `principal` would push them.
+/// Store one run's observations as `principal` would push them. Host aliases and GPU counts go
+/// first, so that GPU counts see the GPUs reported under an alias and allocations on a host's
+/// GPU pool find the placeholders they name.
 pub async fn store_observations(
     store: &Store,
     principal: &Principal,
@@ -21,40 +23,37 @@ pub async fn store_observations(
 ) -> anyhow::Result<IngestOutcome> {
     let mut body = PushBody::default();
     let mut counts = Vec::new();
+    let mut aliases = Vec::new();
     for o in observations {
         match o {
             Observation::Gpu { gpu, .. } => body.gpus.push(gpu),
             Observation::Sample { sample, .. } => body.samples.push(sample),
             Observation::Allocation { allocation, .. } => body.allocations.push(allocation),
-            Observation::HostGpuCount {
+            Observation::HostGpuCount { gpus, provenance } => {
+                counts.push((gpus, provenance.observed_at))
+            }
+            Observation::HostAlias {
+                alias,
                 host,
-                count,
-                model,
-                cluster,
                 provenance,
-            } => counts.push((host, count, model, cluster, provenance.observed_at)),
+            } => aliases.push((alias, host, provenance.observed_at)),
         }
+    }
+    for (alias, host, at) in &aliases {
+        store
+            .observe_host_alias(principal, alias, host, *at)
+            .await?;
+    }
+    for (gpus, at) in &counts {
+        store.observe_host_gpu_count(principal, gpus, *at).await?;
     }
     // The same checks as a push: a collector's bad record is refused with its reason.
     let value = serde_json::to_value(&body)?;
     let serde_json::Value::Object(map) = value else {
         anyhow::bail!("observations did not serialize to an object");
     };
-    let validated = validate_body(map, now, store.settings().max_future_skew_secs);
-    let outcome = store.ingest(principal, validated, now).await?;
-    for (host, count, model, cluster, at) in counts {
-        store
-            .observe_host_gpu_count(
-                principal,
-                &host,
-                count,
-                model.as_deref(),
-                cluster.as_deref(),
-                at,
-            )
-            .await?;
-    }
-    Ok(outcome)
+    let validated = validate_collected(map, now, store.settings().max_future_skew_secs);
+    Ok(store.ingest(principal, validated, now).await?)
 }
 
 /// Build every configured collector, failing fast on a bad entry.
@@ -174,7 +173,7 @@ pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuledger_model::{Provenance, PushGpu, PushSample};
+    use gpuledger_model::{HostGpus, Provenance, PushGpu, PushSample};
 
     #[tokio::test]
     async fn observations_take_the_push_path_and_counts_make_placeholders() {
@@ -234,10 +233,12 @@ mod tests {
                 provenance: prov.clone(),
             },
             Observation::HostGpuCount {
-                host: "n2".into(),
-                count: 2,
-                model: Some("NVIDIA L4".into()),
-                cluster: None,
+                gpus: HostGpus {
+                    host: "n2".into(),
+                    count: 2,
+                    model: Some("NVIDIA L4".into()),
+                    ..Default::default()
+                },
                 provenance: prov,
             },
         ];

@@ -151,6 +151,26 @@ pub fn validate_body(
     now: DateTime<Utc>,
     max_future_skew_secs: i64,
 ) -> Validated {
+    validate(body, now, max_future_skew_secs, false)
+}
+
+/// [`validate_body`] for what a pull collector inside the server reported: an allocation may
+/// also name a host's GPU pool by placeholder UUID (`placeholder:<host>:<slot>`), which the
+/// store moves to a real GPU of that host once one is known. Pushes may not.
+pub fn validate_collected(
+    body: serde_json::Map<String, Value>,
+    now: DateTime<Utc>,
+    max_future_skew_secs: i64,
+) -> Validated {
+    validate(body, now, max_future_skew_secs, true)
+}
+
+fn validate(
+    body: serde_json::Map<String, Value>,
+    now: DateTime<Utc>,
+    max_future_skew_secs: i64,
+    pool_allocations: bool,
+) -> Validated {
     let mut out = Validated::default();
     let latest = now + chrono::Duration::seconds(max_future_skew_secs);
     for (key, value) in body {
@@ -169,7 +189,9 @@ pub fn validate_body(
                 &key,
                 value,
                 &mut out.rejections,
-                |path, a: PushAllocation| check_allocation(path, &a, latest).map(|()| a),
+                |path, a: PushAllocation| {
+                    check_allocation(path, &a, latest, pool_allocations).map(|()| a)
+                },
             )
             .into_iter()
             .for_each(|r| out.allocations.push(r)),
@@ -433,12 +455,15 @@ fn check_allocation(
     path: &str,
     a: &PushAllocation,
     latest: DateTime<Utc>,
+    pool_allocations: bool,
 ) -> Result<(), Rejection> {
-    if let Some(p) = uuid_problem(&a.gpu_uuid) {
+    let pool = pool_allocations && gpuledger_model::is_placeholder(&a.gpu_uuid);
+    if let Some(p) = uuid_problem(&a.gpu_uuid).filter(|_| !pool) {
         return Err(Rejection::new(format!("{path}.gpu_uuid"), p));
     }
     text(path, "workload", Some(&a.workload))?;
     text(path, "user", a.user.as_deref())?;
+    text(path, "owner", a.owner.as_deref())?;
     text(path, "team", a.team.as_deref())?;
     not_future(path, "start", a.start, latest)?;
     if let Some(end) = a.end {

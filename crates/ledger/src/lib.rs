@@ -9,7 +9,9 @@ pub mod rates;
 pub mod settings;
 pub mod summary;
 
-pub use ingest::{decode_body, validate_body, BodyLimits, DecodeError, Rejection, Validated};
+pub use ingest::{
+    decode_body, validate_body, validate_collected, BodyLimits, DecodeError, Rejection, Validated,
+};
 pub use merge::{merge_gpu, GpuRecord};
 pub use ownership::{derive_ownership, Ownership};
 pub use rates::{RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF};

@@ -7,7 +7,7 @@ pub mod observation;
 pub mod push;
 pub mod view;
 
-pub use observation::{Observation, Provenance};
+pub use observation::{HostGpus, Observation, Provenance};
 pub use push::{AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample};
 pub use view::{
     Allocation, AttributeProvenance, GpuDetail, GpuState, GpuView, HourPoint, Rate, RateOrigin,
@@ -41,6 +41,13 @@ pub fn is_placeholder(uuid: &str) -> bool {
     uuid.starts_with("placeholder:")
 }
 
+/// The host and index of a placeholder UUID; `None` for any other UUID.
+pub fn parse_placeholder(uuid: &str) -> Option<(&str, u32)> {
+    let rest = uuid.strip_prefix("placeholder:")?;
+    let (host, index) = rest.rsplit_once(':')?;
+    Some((host, index.parse().ok()?)).filter(|(h, _)| !h.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +67,9 @@ mod tests {
         assert_eq!(u, "placeholder:node-1:3");
         assert!(is_placeholder(&u));
         assert!(!is_placeholder("GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e"));
+        assert_eq!(parse_placeholder(&u), Some(("node-1", 3)));
+        assert_eq!(parse_placeholder("placeholder::3"), None);
+        assert_eq!(parse_placeholder("placeholder:n:x"), None);
+        assert_eq!(parse_placeholder("GPU-1"), None);
     }
 }

@@ -3,10 +3,30 @@
 //! Push and pull produce the same observation types, so nothing downstream can tell them apart.
 //! Collectors report observations; they never decide ownership or cost.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::push::{PushAllocation, PushGpu, PushSample};
+use crate::push::{Cloud, PushAllocation, PushGpu, PushSample};
+
+/// What a count-only source knows about one host's GPUs: how many physical GPUs it has, and
+/// the attributes they share. Placeholders take these attributes; real GPUs already named on
+/// the host take the ones they lack (another source only fills gaps).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostGpus {
+    pub host: String,
+    /// Physical GPUs (MIG instances and time-slicing replicas are not extra GPUs).
+    pub count: u32,
+    pub model: Option<String>,
+    pub memory_mib: Option<u64>,
+    pub cluster: Option<String>,
+    pub cloud: Option<Cloud>,
+    pub region: Option<String>,
+    pub instance_type: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
 
 /// Which source said it, when, and under which raw key (a metric name, an object path).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,10 +56,14 @@ pub enum Observation {
     /// A source that knows only how many GPUs a host has (a Kubernetes node's
     /// `nvidia.com/gpu: 8`, a `p5.48xlarge` instance): it yields placeholder GPUs for the host.
     HostGpuCount {
+        gpus: HostGpus,
+        provenance: Provenance,
+    },
+    /// `alias` is another name of `host`: dcgm-exporter labels its series with the exporter
+    /// pod's name, which a Kubernetes source knows runs on node `host`.
+    HostAlias {
+        alias: String,
         host: String,
-        count: u32,
-        model: Option<String>,
-        cluster: Option<String>,
         provenance: Provenance,
     },
 }
@@ -50,7 +74,8 @@ impl Observation {
             Observation::Gpu { provenance, .. }
             | Observation::Sample { provenance, .. }
             | Observation::Allocation { provenance, .. }
-            | Observation::HostGpuCount { provenance, .. } => provenance,
+            | Observation::HostGpuCount { provenance, .. }
+            | Observation::HostAlias { provenance, .. } => provenance,
         }
     }
 }

@@ -164,6 +164,10 @@ pub struct PushAllocation {
     pub user: Option<String>,
     #[serde(default)]
     pub team: Option<String>,
+    /// The workload that owns it, as `Kind/name` (`Deployment/llm-serve`, `Job/train-7`), when
+    /// the source knows one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[cfg(test)]

@@ -118,6 +118,9 @@ pub struct Allocation {
     pub kind: String,
     pub user: Option<String>,
     pub team: Option<String>,
+    /// The owning workload (`Deployment/llm-serve`), when the source named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     pub source: String,
 }
 

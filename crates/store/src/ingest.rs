@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 use gpuledger_ledger::merge::attributes;
 use gpuledger_ledger::{merge_gpu, GpuRecord, Rejection, Validated};
-use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
+use gpuledger_model::{
+    day_floor, hour_floor, HostGpus, PushAllocation, PushGpu, DAY_SECS, HOUR_SECS,
+};
 use serde::Serialize;
 use sqlx::{Any, Transaction};
 
@@ -131,27 +133,47 @@ impl Store {
     pub async fn ingest(
         &self,
         who: &Principal,
-        body: Validated,
+        mut body: Validated,
         now: DateTime<Utc>,
     ) -> Result<IngestOutcome> {
         let _writer = self.write_lock.lock().await;
         let now_secs = now.timestamp();
         let mut out = IngestOutcome {
-            rejected: body.rejections,
+            rejected: std::mem::take(&mut body.rejections),
             ..Default::default()
         };
         let mut tx = self.pool().begin().await?;
+        let stale = self.settings.stale_window_secs;
+        let horizon = hour_floor(now_secs + stale) + HOUR_SECS;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        self.resolve_pool_allocations(&mut tx, who, &mut body.allocations, horizon, &mut touched)
+            .await?;
 
         let mut uuids: BTreeSet<&str> = BTreeSet::new();
         uuids.extend(body.gpus.iter().map(|(_, g)| g.uuid.as_str()));
         uuids.extend(body.samples.iter().map(|(_, s)| s.gpu_uuid.as_str()));
         uuids.extend(body.allocations.iter().map(|(_, a)| a.gpu_uuid.as_str()));
         let mut known = self.load_gpus(&mut tx, uuids.into_iter().collect()).await?;
-        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
-        let stale = self.settings.stale_window_secs;
+        let hosts: BTreeSet<String> = body
+            .gpus
+            .iter()
+            .filter_map(|(_, g)| g.host.clone())
+            .collect();
+        let aliases = self.host_aliases(&mut tx, hosts).await?;
 
         // Inventory.
         for (i, g) in &body.gpus {
+            let aliased;
+            let g = match g.host.as_ref().and_then(|h| aliases.get(h)) {
+                Some(host) => {
+                    aliased = PushGpu {
+                        host: Some(host.clone()),
+                        ..g.clone()
+                    };
+                    &aliased
+                }
+                None => g,
+            };
             let existing = known.get(&g.uuid).map(|(_, r)| r);
             if let Some(old) = existing {
                 if !who.may_write(&old.team) {
@@ -184,25 +206,7 @@ impl Store {
             let is_new = existing.is_none();
             let unchanged = existing == Some(&merged);
             let id = self.upsert_gpu(&mut tx, &merged).await?;
-            for (attr, value) in attributes(g) {
-                let attr = match attr {
-                    "labels" => format!("labels.{}", value.split('=').next().unwrap_or_default()),
-                    other => other.to_string(),
-                };
-                sqlx::query(&self.sql(
-                    "INSERT INTO gpu_attrs (gpu_id, attribute, source, value, observed_at) \
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (gpu_id, attribute, source) DO UPDATE \
-                     SET value = excluded.value, observed_at = excluded.observed_at \
-                     WHERE excluded.observed_at >= gpu_attrs.observed_at",
-                ))
-                .bind(id)
-                .bind(attr)
-                .bind(who.source.clone())
-                .bind(value)
-                .bind(g.observed_at.timestamp())
-                .execute(&mut *tx)
-                .await?;
-            }
+            self.record_attributes(&mut tx, id, &who.source, g).await?;
             if is_new {
                 if let Some(host) = &merged.host {
                     self.absorb_placeholder(&mut tx, id, host, &mut touched)
@@ -301,7 +305,6 @@ impl Store {
         }
 
         // Allocations.
-        let horizon = hour_floor(now_secs + stale) + HOUR_SECS;
         for (i, a) in &body.allocations {
             let Some((id, rec)) = known.get(&a.gpu_uuid) else {
                 out.rejected.push(unknown_gpu(
@@ -325,7 +328,7 @@ impl Store {
             let start = a.start.timestamp();
             let end = a.end.map(|e| e.timestamp());
             let old: Option<StoredAllocation> = sqlx::query_as(&self.sql(
-                "SELECT end_ts, source, kind, user_name, team FROM allocations \
+                "SELECT end_ts, source, kind, user_name, team, owner FROM allocations \
                      WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
             ))
             .bind(*id)
@@ -333,7 +336,7 @@ impl Store {
             .bind(start)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some((old_end, old_source, kind, user, team)) = &old {
+            if let Some((old_end, old_source, kind, user, team, owner)) = &old {
                 if old_source != &who.source {
                     out.rejected.push(Rejection::forbidden(
                         format!("allocations[{i}]"),
@@ -345,7 +348,11 @@ impl Store {
                     continue;
                 }
                 out.accepted.allocations += 1;
-                if *old_end == end && kind == a.kind.as_str() && user == &a.user && team == &a.team
+                if *old_end == end
+                    && kind == a.kind.as_str()
+                    && user == &a.user
+                    && team == &a.team
+                    && owner == &a.owner
                 {
                     out.duplicates.allocations += 1;
                     continue;
@@ -354,10 +361,11 @@ impl Store {
                 out.accepted.allocations += 1;
             }
             sqlx::query(&self.sql(
-                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source, owner) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                  ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
-                 kind = excluded.kind, user_name = excluded.user_name, team = excluded.team",
+                 kind = excluded.kind, user_name = excluded.user_name, team = excluded.team, \
+                 owner = excluded.owner",
             ))
             .bind(*id)
             .bind(start)
@@ -367,6 +375,7 @@ impl Store {
             .bind(a.user.clone())
             .bind(a.team.clone())
             .bind(who.source.clone())
+            .bind(a.owner.clone())
             .execute(&mut *tx)
             .await?;
             let old_end = old.and_then(|o| o.0);
@@ -390,26 +399,29 @@ impl Store {
         Ok(out)
     }
 
-    /// A count-only source says `host` has `count` GPUs: keep that many GPUs on the host, making
-    /// placeholders for those no UUID-aware source has named yet (BRIEF section 4).
+    /// A count-only source says a host has `count` physical GPUs: keep that many GPUs on the
+    /// host, making placeholders for those no UUID-aware source has named yet (BRIEF section 4),
+    /// and let the real GPUs already named on the host take the attributes they lack (instance
+    /// type, cloud, region, cluster, labels): that source only fills gaps. Returns how many
+    /// placeholders the host holds now.
     pub async fn observe_host_gpu_count(
         &self,
         who: &Principal,
-        host: &str,
-        count: u32,
-        model: Option<&str>,
-        cluster: Option<&str>,
+        host_gpus: &HostGpus,
         observed_at: DateTime<Utc>,
     ) -> Result<u32> {
         let _writer = self.write_lock.lock().await;
         let mut tx = self.pool().begin().await?;
-        let real: i64 = sqlx::query_scalar(&self.sql(
-            "SELECT COUNT(*) FROM gpus WHERE host = $1 AND placeholder = 0 AND mig_parent_uuid IS NULL",
+        let host = host_gpus.host.as_str();
+        let count = host_gpus.count;
+        let real: Vec<String> = sqlx::query_scalar(&self.sql(
+            "SELECT uuid FROM gpus WHERE host = $1 AND placeholder = 0 AND mig_parent_uuid IS NULL \
+             ORDER BY uuid",
         ))
         .bind(host.to_string())
-        .fetch_one(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
-        let wanted = (count as i64 - real).max(0) as u32;
+        let wanted = (count as usize).saturating_sub(real.len());
         // Refresh the host's existing placeholders first, then make new ones on unused indexes.
         let existing: Vec<String> = sqlx::query_scalar(
             &self.sql("SELECT uuid FROM gpus WHERE host = $1 AND placeholder = 1 ORDER BY uuid"),
@@ -417,9 +429,9 @@ impl Store {
         .bind(host.to_string())
         .fetch_all(&mut *tx)
         .await?;
-        let mut uuids: Vec<String> = existing.iter().take(wanted as usize).cloned().collect();
+        let mut uuids: Vec<String> = existing.iter().take(wanted).cloned().collect();
         let mut index = 0;
-        while uuids.len() < wanted as usize {
+        while uuids.len() < wanted {
             let candidate = gpuledger_model::placeholder_uuid(host, index);
             if !existing.contains(&candidate) {
                 uuids.push(candidate);
@@ -427,54 +439,277 @@ impl Store {
             index += 1;
         }
         let known = self
-            .load_gpus(&mut tx, uuids.iter().map(String::as_str).collect())
+            .load_gpus(
+                &mut tx,
+                uuids.iter().chain(&real).map(String::as_str).collect(),
+            )
             .await?;
+        let template = |uuid: &str, model: Option<&str>| PushGpu {
+            uuid: uuid.to_string(),
+            model: model
+                .or(host_gpus.model.as_deref())
+                .unwrap_or("unknown")
+                .to_string(),
+            memory_mib: host_gpus.memory_mib,
+            host: Some(host.to_string()),
+            cluster: host_gpus.cluster.clone(),
+            cloud: host_gpus.cloud,
+            region: host_gpus.region.clone(),
+            instance_type: host_gpus.instance_type.clone(),
+            serial: None,
+            pci_bus_id: None,
+            mig_parent_uuid: None,
+            mig_profile: None,
+            labels: host_gpus.labels.clone(),
+            observed_at,
+        };
         let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
-        for uuid in &uuids {
-            let seen = observed_at;
-            let mut rec = match known.get(uuid) {
-                Some((_, r)) => r.clone(),
-                None => GpuRecord {
-                    uuid: uuid.clone(),
-                    model: model.unwrap_or("unknown").to_string(),
-                    memory_mib: None,
-                    host: Some(host.to_string()),
-                    cluster: cluster.map(String::from),
-                    cloud: None,
-                    region: None,
-                    instance_type: None,
-                    serial: None,
-                    pci_bus_id: None,
-                    mig_parent_uuid: None,
-                    mig_profile: None,
-                    labels: Default::default(),
-                    source: who.source.clone(),
-                    placeholder: true,
-                    first_seen: seen,
-                    last_seen: seen,
-                    team: String::new(),
-                    env: String::new(),
-                    owner_reason: String::new(),
-                    rate: self.settings.rates.rate_for(model.unwrap_or("unknown")),
-                },
+        for uuid in uuids.iter().chain(&real) {
+            let old = known.get(uuid).map(|(_, r)| r);
+            let placeholder = gpuledger_model::is_placeholder(uuid);
+            let g = template(uuid, old.map(|r| r.model.as_str()).filter(|_| !placeholder));
+            let mut rec = if placeholder {
+                // Placeholders are the count source's own: it updates all they carry.
+                let mut rec = merge_gpu(None, &g, &who.source, &self.settings);
+                if let Some(old) = old {
+                    rec.first_seen = old.first_seen.min(observed_at);
+                    rec.last_seen = old.last_seen.max(observed_at);
+                }
+                rec.placeholder = true;
+                rec.owner_reason = format!(
+                    "placeholder: {host} has {count} GPU(s) by source {}, not yet named by a \
+                     UUID-aware source; {}",
+                    who.source, rec.owner_reason
+                );
+                rec
+            } else {
+                merge_gpu(old, &g, &who.source, &self.settings)
             };
-            rec.last_seen = rec.last_seen.max(seen);
-            rec.first_seen = rec.first_seen.min(seen);
-            rec.rederive(&self.settings);
-            rec.owner_reason = format!(
-                "placeholder: {host} has {count} GPU(s) by source {}, not yet named by a UUID-aware source; {}",
-                who.source, rec.owner_reason
-            );
+            if !placeholder && old == Some(&rec) {
+                continue;
+            }
+            rec.last_seen = rec.last_seen.max(observed_at);
             let id = self.upsert_gpu(&mut tx, &rec).await?;
+            self.record_attributes(&mut tx, id, &who.source, &g).await?;
             mark_presence(
                 touched.entry(id).or_default(),
-                seen.timestamp(),
+                observed_at.timestamp(),
                 self.settings.stale_window_secs,
             );
         }
         self.reroll(&mut tx, &touched).await?;
         tx.commit().await?;
-        Ok(wanted)
+        Ok(wanted as u32)
+    }
+
+    /// `alias` is another name of `host` (an exporter pod's name for its node): GPUs stored on
+    /// the alias move to the host, taking over the host's placeholders, and GPUs reported on
+    /// the alias from now on are stored on the host.
+    pub async fn observe_host_alias(
+        &self,
+        who: &Principal,
+        alias: &str,
+        host: &str,
+        observed_at: DateTime<Utc>,
+    ) -> Result<()> {
+        if alias == host {
+            return Ok(());
+        }
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(&self.sql(
+            "INSERT INTO host_aliases (alias, host, source, observed_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (alias) DO UPDATE SET host = excluded.host, source = excluded.source, \
+             observed_at = excluded.observed_at",
+        ))
+        .bind(alias.to_string())
+        .bind(host.to_string())
+        .bind(who.source.clone())
+        .bind(observed_at.timestamp())
+        .execute(&mut *tx)
+        .await?;
+        let moved: Vec<(i64, Option<String>)> = sqlx::query_as(&self.sql(
+            "SELECT id, mig_parent_uuid FROM gpus WHERE host = $1 AND placeholder = 0 ORDER BY uuid",
+        ))
+        .bind(alias.to_string())
+        .fetch_all(&mut *tx)
+        .await?;
+        if moved.is_empty() {
+            return Ok(tx.commit().await?);
+        }
+        sqlx::query(&self.sql("UPDATE gpus SET host = $2 WHERE host = $1"))
+            .bind(alias.to_string())
+            .bind(host.to_string())
+            .execute(&mut *tx)
+            .await?;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        for (id, parent) in moved {
+            if parent.is_none() {
+                self.absorb_placeholder(&mut tx, id, host, &mut touched)
+                    .await?;
+            }
+        }
+        self.reroll(&mut tx, &touched).await?;
+        Ok(tx.commit().await?)
+    }
+
+    /// The hosts that some of `hosts` are aliases of.
+    async fn host_aliases(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        hosts: BTreeSet<String>,
+    ) -> Result<HashMap<String, String>> {
+        let mut out = HashMap::new();
+        let hosts: Vec<String> = hosts.into_iter().collect();
+        for chunk in hosts.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|n| format!("${n}")).collect();
+            let text = format!(
+                "SELECT alias, host FROM host_aliases WHERE alias IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&text);
+            let mut q = sqlx::query_as::<_, (String, String)>(&sql).persistent(false);
+            for h in chunk {
+                q = q.bind(h.clone());
+            }
+            out.extend(q.fetch_all(&mut **tx).await?);
+        }
+        Ok(out)
+    }
+
+    /// Allocations a count-only source made on a host's GPU pool (`placeholder:<host>:<slot>`)
+    /// go to exact GPUs once the host has real ones: to the GPUs or MIG instances where another
+    /// source saw the same workload (dcgm-exporter's pod labels), else to the host's physical
+    /// GPUs in UUID order, slot by slot. Rows this source left for the same allocation on the
+    /// host's other GPUs are removed, so an allocation moves to its exact GPU and never doubles.
+    async fn resolve_pool_allocations(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        who: &Principal,
+        allocations: &mut [(usize, PushAllocation)],
+        horizon: i64,
+        touched: &mut BTreeMap<i64, Touched>,
+    ) -> Result<()> {
+        let mut groups: BTreeMap<(String, String, i64), Vec<usize>> = BTreeMap::new();
+        for (pos, (_, a)) in allocations.iter().enumerate() {
+            if let Some((host, _)) = gpuledger_model::parse_placeholder(&a.gpu_uuid) {
+                groups
+                    .entry((host.to_string(), a.workload.clone(), a.start.timestamp()))
+                    .or_default()
+                    .push(pos);
+            }
+        }
+        // (id, uuid, placeholder, MIG instance) of every GPU on a host, by host.
+        let mut hosts: HashMap<String, Vec<(i64, String, bool, bool)>> = HashMap::new();
+        for ((host, workload, start), positions) in groups {
+            if !hosts.contains_key(&host) {
+                let rows: Vec<(i64, String, i64, Option<String>)> = sqlx::query_as(&self.sql(
+                    "SELECT id, uuid, placeholder, mig_parent_uuid FROM gpus WHERE host = $1 \
+                     ORDER BY uuid",
+                ))
+                .bind(host.clone())
+                .fetch_all(&mut **tx)
+                .await?;
+                let rows = rows
+                    .into_iter()
+                    .map(|(id, uuid, ph, parent)| (id, uuid, ph != 0, parent.is_some()))
+                    .collect();
+                hosts.insert(host.clone(), rows);
+            }
+            let gpus = &hosts[&host];
+            let physical: Vec<String> = gpus
+                .iter()
+                .filter(|g| !g.2 && !g.3)
+                .map(|g| g.1.clone())
+                .collect();
+            if physical.is_empty() {
+                continue; // No real GPU yet: the allocation stays on the pool's placeholders.
+            }
+            let ends: Vec<Option<i64>> = positions
+                .iter()
+                .map(|&p| allocations[p].1.end.map(|e| e.timestamp()))
+                .collect();
+            let end = ends.iter().copied().collect::<Option<Vec<i64>>>();
+            let end = end.and_then(|e| e.into_iter().max());
+            let evidence: Vec<String> = sqlx::query_scalar(&self.sql(
+                "SELECT DISTINCT g.uuid FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
+                 WHERE g.host = $1 AND g.placeholder = 0 AND a.workload = $2 AND a.source <> $3 \
+                 AND (a.end_ts IS NULL OR a.end_ts >= $4) AND a.start_ts <= $5 ORDER BY g.uuid",
+            ))
+            .bind(host.clone())
+            .bind(workload.clone())
+            .bind(who.source.clone())
+            .bind(start)
+            .bind(end.unwrap_or(i64::MAX))
+            .fetch_all(&mut **tx)
+            .await?;
+            let targets = if evidence.is_empty() {
+                &physical
+            } else {
+                &evidence
+            };
+            let mut keep = BTreeSet::new();
+            for &p in &positions {
+                let a = &mut allocations[p].1;
+                let slot = gpuledger_model::parse_placeholder(&a.gpu_uuid).map_or(0, |(_, s)| s);
+                a.gpu_uuid = targets[slot as usize % targets.len()].clone();
+                keep.insert(a.gpu_uuid.clone());
+            }
+            for (id, uuid, _, _) in gpus {
+                if keep.contains(uuid) {
+                    continue;
+                }
+                let removed: Option<Option<i64>> = sqlx::query_scalar(&self.sql(
+                    "DELETE FROM allocations WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3 \
+                     AND source = $4 RETURNING end_ts",
+                ))
+                .bind(*id)
+                .bind(workload.clone())
+                .bind(start)
+                .bind(who.source.clone())
+                .fetch_optional(&mut **tx)
+                .await?;
+                if let Some(old_end) = removed {
+                    let hi = old_end.unwrap_or(horizon).min(horizon);
+                    widen(
+                        &mut touched.entry(*id).or_default().flags,
+                        hour_floor(start),
+                        hi.max(hour_floor(start) + 1),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Record where each attribute of `g` came from.
+    async fn record_attributes(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        id: i64,
+        source: &str,
+        g: &PushGpu,
+    ) -> Result<()> {
+        for (attr, value) in attributes(g) {
+            let attr = match attr {
+                "labels" => format!("labels.{}", value.split('=').next().unwrap_or_default()),
+                other => other.to_string(),
+            };
+            sqlx::query(&self.sql(
+                "INSERT INTO gpu_attrs (gpu_id, attribute, source, value, observed_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (gpu_id, attribute, source) DO UPDATE \
+                 SET value = excluded.value, observed_at = excluded.observed_at \
+                 WHERE excluded.observed_at >= gpu_attrs.observed_at",
+            ))
+            .bind(id)
+            .bind(attr)
+            .bind(source.to_string())
+            .bind(value)
+            .bind(g.observed_at.timestamp())
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
     }
 
     pub(crate) async fn load_gpus(
@@ -571,12 +806,31 @@ impl Store {
         let Some((ph_id, lo, hi)) = ph else {
             return Ok(());
         };
+        // What the count source knew of the host and the real GPU's source did not say.
+        let mut fill = String::from("UPDATE gpus SET ");
+        for (i, col) in ["memory_mib", "cluster", "cloud", "region", "instance_type"]
+            .iter()
+            .enumerate()
+        {
+            if i > 0 {
+                fill.push_str(", ");
+            }
+            fill.push_str(&format!(
+                "{col} = COALESCE({col}, (SELECT p.{col} FROM gpus p WHERE p.id = $2))"
+            ));
+        }
+        fill.push_str(" WHERE id = $1");
+        sqlx::query(&self.sql(&fill))
+            .bind(real_id)
+            .bind(ph_id)
+            .execute(&mut **tx)
+            .await?;
         for sql in [
             "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
              SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
              FROM gpu_hours WHERE gpu_id = $2 ON CONFLICT (gpu_id, hour) DO NOTHING",
-            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source) \
-             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source \
+            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source, owner) \
+             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner \
              FROM allocations WHERE gpu_id = $2 ON CONFLICT (gpu_id, workload, start_ts) DO NOTHING",
         ] {
             sqlx::query(&self.sql(sql))
@@ -816,7 +1070,15 @@ impl Store {
 }
 
 /// An allocation as stored: end, source, kind, user, team.
-type StoredAllocation = (Option<i64>, String, String, Option<String>, Option<String>);
+/// `end_ts, source, kind, user_name, team, owner` of a stored allocation.
+type StoredAllocation = (
+    Option<i64>,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
     let mut h = hour_floor(ts);

@@ -57,16 +57,30 @@ pub struct Store {
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../migrations/sqlite/0001_init.sql"),
-)];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../migrations/postgres/0001_init.sql"),
-)];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "kubernetes",
+        include_str!("../migrations/sqlite/0002_kubernetes.sql"),
+    ),
+];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "kubernetes",
+        include_str!("../migrations/postgres/0002_kubernetes.sql"),
+    ),
+];
 
 /// Turn a user's database setting into a URL sqlx understands: a plain path or `sqlite://PATH`
 /// becomes a SQLite file created when missing.

@@ -58,7 +58,8 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
     Ok((row.try_get("id")?, rec))
 }
 
-/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, source`) of `gpu_uuid`.
+/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source`) of
+/// `gpu_uuid`.
 pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Allocation> {
     Ok(Allocation {
         gpu_uuid,
@@ -68,6 +69,7 @@ pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Alloca
         kind: r.try_get("kind")?,
         user: r.try_get("user_name")?,
         team: r.try_get("team")?,
+        owner: r.try_get("owner")?,
         source: r.try_get("source")?,
     })
 }
@@ -269,7 +271,7 @@ impl Store {
         })
         .collect::<Result<Vec<_>>>()?;
         let allocations = sqlx::query(&self.sql(
-            "SELECT start_ts, end_ts, workload, kind, user_name, team, source FROM allocations \
+            "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source FROM allocations \
              WHERE gpu_id = $1 AND start_ts < $3 AND (end_ts IS NULL OR end_ts > $2) \
              ORDER BY start_ts, workload",
         ))

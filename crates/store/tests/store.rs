@@ -7,8 +7,8 @@
 //! `placeholder_*` identity merge.
 
 use chrono::{DateTime, Duration, Utc};
-use gpuledger_ledger::{validate_body, GroupBy, Settings};
-use gpuledger_model::{SourceStatus, SummaryGroup};
+use gpuledger_ledger::{validate_body, validate_collected, GroupBy, Settings};
+use gpuledger_model::{HostGpus, SourceStatus, SummaryGroup};
 use gpuledger_store::{Filters, Principal, Store, Window};
 
 fn t(s: &str) -> DateTime<Utc> {
@@ -91,6 +91,8 @@ both!(
     rollup_late_sample_rerolls_its_hour,
     rollup_retention_refuses_and_prunes_old_samples,
     placeholder_replaced_by_real_gpu_on_same_host,
+    placeholder_pool_allocations_move_to_exact_gpus,
+    placeholder_host_alias_files_gpus_under_the_node,
     sources_report_freshness,
     gpus_list_filters_and_detail,
 );
@@ -477,10 +479,13 @@ async fn placeholder_replaced_by_real_gpu_on_same_host(store: Store) {
     let made = store
         .observe_host_gpu_count(
             &k8s,
-            "node-p",
-            2,
-            Some("NVIDIA L4"),
-            Some("c9"),
+            &HostGpus {
+                host: "node-p".into(),
+                count: 2,
+                model: Some("NVIDIA L4".into()),
+                cluster: Some("c9".into()),
+                ..Default::default()
+            },
             t("2026-12-01T00:00:00Z"),
         )
         .await
@@ -516,10 +521,12 @@ async fn placeholder_replaced_by_real_gpu_on_same_host(store: Store) {
     let made = store
         .observe_host_gpu_count(
             &k8s,
-            "node-p",
-            2,
-            Some("NVIDIA L4"),
-            None,
+            &HostGpus {
+                host: "node-p".into(),
+                count: 2,
+                model: Some("NVIDIA L4".into()),
+                ..Default::default()
+            },
             t("2026-12-01T04:00:00Z"),
         )
         .await
@@ -532,6 +539,174 @@ async fn placeholder_replaced_by_real_gpu_on_same_host(store: Store) {
             .unwrap()
             .len(),
         2
+    );
+}
+
+/// A collector's body, validated as the server validates what its pull collectors report.
+async fn collect_at(store: &Store, p: &Principal, json: &str, at: DateTime<Utc>) {
+    let map = gpuledger_ledger::decode_body(json.as_bytes(), None, Default::default()).unwrap();
+    let out = store
+        .ingest(p, validate_collected(map, at, 300), at)
+        .await
+        .unwrap();
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+}
+
+fn dec2() -> Window {
+    Window {
+        from: t("2026-12-02T00:00:00Z").timestamp(),
+        to: t("2026-12-03T00:00:00Z").timestamp(),
+    }
+}
+
+async fn workloads_on(store: &Store, uuid: &str) -> Vec<(String, String)> {
+    let d = store
+        .gpu_detail(uuid, dec2(), now())
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no GPU {uuid}"));
+    d.allocations
+        .into_iter()
+        .map(|a| (a.workload, a.source))
+        .collect()
+}
+
+async fn placeholder_pool_allocations_move_to_exact_gpus(store: Store) {
+    let k8s = who("k8s", None);
+    let dcgm = who("dcgm", None);
+    let node = HostGpus {
+        host: "node-q".into(),
+        count: 2,
+        model: Some("Tesla T4".into()),
+        ..Default::default()
+    };
+    store
+        .observe_host_gpu_count(&k8s, &node, t("2026-12-02T08:00:00Z"))
+        .await
+        .unwrap();
+    let pod = |slot: u32, workload: &str| {
+        format!(
+            r#"{{"allocations":[{{"gpu_uuid":"placeholder:node-q:{slot}","start":"2026-12-02T08:00:00Z","workload":"{workload}","kind":"pod","team":"infra","owner":"Job/train"}}]}}"#
+        )
+    };
+    // Before any UUID source: on the pool's placeholder.
+    collect_at(&store, &k8s, &pod(0, "ns/p"), t("2026-12-02T08:01:00Z")).await;
+    assert_eq!(
+        workloads_on(&store, "placeholder:node-q:0").await,
+        vec![("ns/p".to_string(), "k8s".to_string())]
+    );
+    // dcgm names both GPUs and sees pod ns/p on the second one.
+    push_at(
+        &store,
+        &dcgm,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","host":"node-q","observed_at":"2026-12-02T08:05:00Z"}},
+                {{"uuid":"{B}","model":"Tesla T4","host":"node-q","observed_at":"2026-12-02T08:05:00Z"}}],
+               "allocations":[{{"gpu_uuid":"{B}","start":"2026-12-02T08:05:00Z","workload":"ns/p","kind":"pod"}}]}}"#
+        ),
+        t("2026-12-02T08:05:00Z"),
+    )
+    .await;
+    // Absorbing the placeholder moved its allocation to A; the next report moves it to B, where
+    // dcgm saw the pod, and leaves nothing on A.
+    collect_at(&store, &k8s, &pod(0, "ns/p"), t("2026-12-02T08:06:00Z")).await;
+    assert_eq!(workloads_on(&store, A).await, vec![]);
+    let on_b = workloads_on(&store, B).await;
+    assert_eq!(on_b.len(), 2, "{on_b:?}");
+    assert!(on_b.contains(&("ns/p".to_string(), "k8s".to_string())));
+    let d = store.gpu_detail(B, dec2(), now()).await.unwrap().unwrap();
+    let k = d.allocations.iter().find(|a| a.source == "k8s").unwrap();
+    assert_eq!(
+        (k.team.as_deref(), k.owner.as_deref()),
+        (Some("infra"), Some("Job/train"))
+    );
+    // A pod no other source saw goes to the host's GPUs in UUID order by slot.
+    collect_at(&store, &k8s, &pod(1, "ns/q"), t("2026-12-02T08:07:00Z")).await;
+    assert_eq!(
+        workloads_on(&store, B)
+            .await
+            .iter()
+            .filter(|w| w.0 == "ns/q")
+            .count(),
+        1
+    );
+    // The count source reporting again keeps two GPUs, no placeholder.
+    store
+        .observe_host_gpu_count(&k8s, &node, t("2026-12-02T08:10:00Z"))
+        .await
+        .unwrap();
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
+    assert!(gpus.iter().all(|g| !g.placeholder));
+    // Pushes may not name placeholders.
+    let map =
+        gpuledger_ledger::decode_body(pod(0, "ns/x").as_bytes(), None, Default::default()).unwrap();
+    let v = validate_body(map, now(), 300);
+    assert_eq!(v.rejections[0].path, "allocations[0].gpu_uuid");
+}
+
+async fn placeholder_host_alias_files_gpus_under_the_node(store: Store) {
+    let k8s = who("k8s", None);
+    let dcgm = who("dcgm", None);
+    // dcgm first: its GPUs carry the exporter pod's name as their host.
+    push_at(
+        &store,
+        &dcgm,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","host":"nvidia-dcgm-exporter-s228n","observed_at":"2026-12-02T08:00:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:00:00Z"),
+    )
+    .await;
+    store
+        .observe_host_alias(
+            &k8s,
+            "nvidia-dcgm-exporter-s228n",
+            "node-t4",
+            t("2026-12-02T08:01:00Z"),
+        )
+        .await
+        .unwrap();
+    store
+        .observe_host_gpu_count(
+            &k8s,
+            &HostGpus {
+                host: "node-t4".into(),
+                count: 2,
+                model: Some("Tesla T4".into()),
+                cluster: Some("qa".into()),
+                ..Default::default()
+            },
+            t("2026-12-02T08:01:00Z"),
+        )
+        .await
+        .unwrap();
+    // Then dcgm names the second GPU, still under the exporter pod's name.
+    push_at(
+        &store,
+        &dcgm,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","host":"nvidia-dcgm-exporter-s228n","observed_at":"2026-12-02T08:02:00Z"}},
+                {{"uuid":"{B}","model":"Tesla T4","host":"nvidia-dcgm-exporter-s228n","observed_at":"2026-12-02T08:02:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:02:00Z"),
+    )
+    .await;
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    assert_eq!(gpus.len(), 2, "one placeholder was absorbed: {gpus:?}");
+    assert!(gpus
+        .iter()
+        .all(|g| !g.placeholder && g.host.as_deref() == Some("node-t4")));
+    // The count source filled the gap it knows: the cluster.
+    assert!(
+        gpus.iter().all(|g| g.cluster.as_deref() == Some("qa")),
+        "{gpus:?}"
     );
 }
 

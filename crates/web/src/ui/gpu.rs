@@ -225,6 +225,10 @@ pub async fn gpu_page(
                 "Pod, job, process or reservation holding the GPU.",
             ),
             col("Kind", "pod, slurm_job, process, reservation or other."),
+            col(
+                "Owner",
+                "The workload that owns it (Deployment/name, Job/name), when the source says.",
+            ),
             col("User", "Who ran it, when the source says."),
             col("Used by", "The team the allocation names."),
             col("Start", "When it started (UTC)."),
@@ -236,6 +240,7 @@ pub async fn gpu_page(
         allocations.push(vec![
             Cell::text(a.workload.clone()),
             Cell::text(a.kind.clone()),
+            Cell::text(a.owner.clone().unwrap_or_else(|| "—".into())),
             Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
             Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
             Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
