@@ -77,7 +77,9 @@ fn assert_valid_observations(obs: &[Observation]) {
             Observation::Gpu { gpu, .. } => g.push(gpu.clone()),
             Observation::Sample { sample, .. } => s.push(sample.clone()),
             Observation::Allocation { allocation, .. } => a.push(allocation.clone()),
-            Observation::HostGpuCount { .. } => panic!("dcgm reports UUIDs, not counts"),
+            Observation::HostGpuCount { .. } | Observation::HostAlias { .. } => {
+                panic!("dcgm reports UUIDs, not counts or aliases")
+            }
         }
     }
     assert_valid(&g, &s, &a);
@@ -169,7 +171,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
                 gpus: vec![Gpu {
                     uuid: A100_MIG,
                     model: "NVIDIA A100-SXM4-40GB",
-                    host: None, // Hostname is the exporter's pod, nvidia-dcgm-exporter-tl46n
+                    host: Some("nvidia-dcgm-exporter-tl46n"), // the exporter's pod: a stand-in
                     pci_bus_id: None,
                     driver: Some("520.56.06"),
                     memory_mib: None,
@@ -192,7 +194,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
                 gpus: vec![Gpu {
                     uuid: "GPU-7099682b-a20d-2bcc-74ab-b9060454d81e",
                     model: "NVIDIA A100-SXM4-40GB",
-                    host: None, // nvidia-dcgm-exporter-drqwq
+                    host: Some("nvidia-dcgm-exporter-drqwq"),
                     pci_bus_id: None,
                     driver: Some("520.56.06"),
                     memory_mib: Some(40384),
@@ -211,7 +213,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
                     Gpu {
                         uuid: "GPU-5f587dd4-6505-0873-c6db-8324dbfe5ba9",
                         model: "Tesla T4",
-                        host: None, // nvidia-dcgm-exporter-s228n
+                        host: Some("nvidia-dcgm-exporter-s228n"),
                         pci_bus_id: None,
                         driver: Some("525.60.13"),
                         memory_mib: Some(14960),
@@ -221,7 +223,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
                     Gpu {
                         uuid: "GPU-7a2e92f2-be71-d37e-a744-541600ffc722",
                         model: "Tesla T4",
-                        host: None,
+                        host: Some("nvidia-dcgm-exporter-s228n"),
                         pci_bus_id: None,
                         driver: Some("525.60.13"),
                         memory_mib: Some(14959),

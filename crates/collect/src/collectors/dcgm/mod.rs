@@ -579,6 +579,7 @@ impl DcgmCollector {
                     kind: h.kind,
                     user: None,
                     team: None,
+                    owner: None,
                 };
                 out.push((a, h.label));
             }

@@ -438,6 +438,7 @@ impl Hold {
             kind: self.kind,
             user: None,
             team: None,
+            owner: None,
         }
     }
 
@@ -911,12 +912,19 @@ fn is_exporter_container(name: &str) -> bool {
 }
 
 /// The GPU's host: `Hostname` (dcgm-exporter), `hostname` (some relabellings), then `node` or
-/// `kubernetes_node` (Prometheus relabelling), skipping an exporter pod's name.
+/// `kubernetes_node` (Prometheus relabelling), preferring any of them to an exporter pod's
+/// name. An exporter pod's name is kept only as a stand-in: a kubernetes source maps it to the
+/// node the pod runs on (a host alias), and the store then files the GPU under that node.
 fn host(labels: &BTreeMap<String, String>) -> Option<String> {
-    ["Hostname", "hostname", "node", "kubernetes_node"]
+    let names: Vec<String> = ["Hostname", "hostname", "node", "kubernetes_node"]
         .iter()
         .filter_map(|k| text(labels, k))
+        .collect();
+    names
+        .iter()
         .find(|h| !is_exporter_pod(h))
+        .or(names.first())
+        .cloned()
 }
 
 /// A label's value when it is usable as text: not blank, at most 256 bytes.
@@ -1112,7 +1120,7 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
     }
 
     #[test]
-    fn exporter_pod_names_are_not_hosts() {
+    fn exporter_pod_names_are_hosts_only_as_a_stand_in() {
         let m = map(
             &parse_text(
                 "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-a\",Hostname=\"nvidia-dcgm-exporter-s228n\",kubernetes_node=\"gpu-7\"} 1\n\
@@ -1122,7 +1130,10 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
             now(),
         );
         assert_eq!(m.gpus[0].host.as_deref(), Some("gpu-7"));
-        assert_eq!(m.gpus[1].host, None);
+        assert_eq!(
+            m.gpus[1].host.as_deref(),
+            Some("nvidia-dcgm-exporter-s228n")
+        );
     }
 
     #[test]
