@@ -99,7 +99,7 @@ pub trait Collector: Send + Sync {
 }
 
 /// The collector kinds this build knows.
-pub const KINDS: &[&str] = &[collectors::dcgm::KIND];
+pub const KINDS: &[&str] = &[collectors::dcgm::KIND, collectors::kubernetes::KIND];
 
 /// Whether `kind` names a collector of this build, with a message for config errors.
 pub fn check_kind(kind: &str) -> Result<(), String> {
@@ -129,6 +129,9 @@ pub fn build(
             name,
             config_toml,
         )?)),
+        collectors::kubernetes::KIND => Ok(Box::new(
+            collectors::kubernetes::KubernetesCollector::from_toml(name, config_toml)?,
+        )),
         _ => Err(CollectError::Config(
             check_kind(kind).err().unwrap_or_default(),
         )),
@@ -141,9 +144,9 @@ mod tests {
 
     #[test]
     fn unknown_kinds_are_explained() {
-        let e = check_kind("kubernetes").unwrap_err();
-        assert!(e.contains("unknown collector type `kubernetes`"), "{e}");
-        assert!(e.contains("known: dcgm"), "{e}");
+        let e = check_kind("kubernets").unwrap_err();
+        assert!(e.contains("unknown collector type `kubernets`"), "{e}");
+        assert!(e.contains("known: dcgm, kubernetes"), "{e}");
         assert!(build("nope", "x", "").is_err());
     }
 
@@ -157,5 +160,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.kind(), c.name()), ("dcgm", "gpu-farm"));
+        let c = build("kubernetes", "rdu", "kubeconfig = \"/etc/kc\"\n").unwrap();
+        assert_eq!((c.kind(), c.name()), ("kubernetes", "rdu"));
     }
 }

@@ -209,18 +209,14 @@ fn config_collect_with_zero_collectors_says_so() {
     );
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no collectors configured"));
-    std::fs::write(
-        &cfg,
-        "[[collectors]]\ntype = \"kubernetes\"\nname = \"rdu\"\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, "[[collectors]]\ntype = \"slurm\"\nname = \"rdu\"\n").unwrap();
     let out = bin()
         .args(["collect", "--once", "--dry-run", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown collector type `kubernetes`"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown collector type `slurm`"));
 }
 
 #[test]
@@ -316,4 +312,180 @@ async fn serve_runs_a_configured_dcgm_collector() {
         .unwrap();
     assert_eq!(sources["items"][0]["kind"], "dcgm");
     assert_eq!(sources["items"][0]["status"], "ok");
+}
+
+/// The fake Kubernetes API server of the collect crate's tests: no real API server can run
+/// here, so it serves the corpus's recorded Node and Pod objects as list and watch responses.
+#[path = "../../collect/tests/support/kube_api.rs"]
+mod kube_api;
+
+fn corpus_dir() -> PathBuf {
+    std::env::var_os("GPULEDGER_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        })
+}
+
+fn corpus_yaml(rel: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(corpus_dir().join(rel)).ok()?;
+    Some(serde_yaml::from_str(&text).unwrap())
+}
+
+fn kubernetes_entry(name: &str, kubeconfig: &Path) -> String {
+    format!(
+        "[[collectors]]\ntype = \"kubernetes\"\nname = \"{name}\"\ninterval_secs = 10\nkubeconfig = \"{}\"\nteam_keys = [\"team\", \"project\"]\n",
+        kubeconfig.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_collect_dry_run_reads_a_kubernetes_api() {
+    let (Some(t4), Some(a100), Some(pod)) = (
+        corpus_yaml("kubernetes/node-tesla-t4-2gpu-gke.yaml"),
+        corpus_yaml("kubernetes/node-a100-sxm4-40gb-mig-mixed-gke.yaml"),
+        corpus_yaml("kubernetes/pod-runai-mig-1g5gb.yaml"),
+    ) else {
+        eprintln!("skipped: config_collect_dry_run_reads_a_kubernetes_api (no corpus)");
+        return;
+    };
+    let api = kube_api::FakeApi::start(vec![t4, a100, pod]).await;
+    let dir = tempdir("k8s-dry-run");
+    let kc = api.kubeconfig(&dir);
+    std::fs::write(dir.join("g.toml"), kubernetes_entry("qa-cluster", &kc)).unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        bin()
+            .args(["collect", "--once", "--dry-run", "--config"])
+            .arg(dir.join("g.toml"))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut counts: Vec<(&str, u64)> = lines
+        .iter()
+        .filter(|o| o["kind"] == "host_gpu_count")
+        .map(|o| {
+            (
+                o["gpus"]["host"].as_str().unwrap(),
+                o["gpus"]["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        vec![("qa-mig-worker-gpu-1", 2), ("qa-mig-worker-gpu-a100", 1)]
+    );
+    let alloc = lines.iter().find(|o| o["kind"] == "allocation").unwrap();
+    assert_eq!(
+        alloc["allocation"]["gpu_uuid"],
+        "placeholder:qa-mig-worker-gpu-a100:0"
+    );
+    assert_eq!(alloc["allocation"]["workload"], "runai-team-a/job-2-0-0");
+    assert_eq!(alloc["allocation"]["owner"], "RunaiJob/job-2");
+    // Read-only: only GETs of the three resources.
+    assert!(api
+        .requests()
+        .iter()
+        .all(|(r, _)| ["nodes", "pods", "namespaces"].contains(&r.as_str())));
+}
+
+/// Identity merge: a node seen by Kubernetes (placeholders) and the same host's dcgm-exporter
+/// (UUIDs, with the exporter pod's name as `Hostname`) end as one set of real GPUs, with the
+/// pod's allocation on the GPU dcgm-exporter saw it on.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_merges_kubernetes_placeholders_with_dcgm_uuids() {
+    let (Some(t4), Some(mut pod), Ok(scrape)) = (
+        corpus_yaml("kubernetes/node-tesla-t4-2gpu-gke.yaml"),
+        corpus_yaml("kubernetes/pod-runai-reservation-nvidia-gpu-1.yaml"),
+        std::fs::read_to_string(corpus_dir().join("dcgm/k8s-tesla-t4-2gpu-pod-labels.prom")),
+    ) else {
+        eprintln!("skipped: serve_merges_kubernetes_placeholders_with_dcgm_uuids (no corpus)");
+        return;
+    };
+    // Edited by this test to be the pod the T4 scrape names, on the T4 node, started an hour ago.
+    pod["metadata"]["name"] = "runai-reservation-gpu-qa-mig-worker-gpu-1-kvltw".into();
+    pod["spec"]["nodeName"] = "qa-mig-worker-gpu-1".into();
+    let started = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    pod["status"]["startTime"] = started.into();
+    // Written by this test: the exporter pod whose name the scrape carries in `Hostname`.
+    let exporter = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "nvidia-dcgm-exporter-s228n", "namespace": "gpu-operator", "uid": "e1",
+        "labels": {"app": "nvidia-dcgm-exporter"}},
+        "spec": {"nodeName": "qa-mig-worker-gpu-1", "containers": [{"name": "nvidia-dcgm-exporter"}]}});
+    let api = kube_api::FakeApi::start(vec![t4, pod, exporter]).await;
+    let dir = tempdir("k8s-merge");
+    let kc = api.kubeconfig(&dir);
+    let endpoint = serve_file(scrape);
+    std::fs::write(
+        dir.join("g.toml"),
+        format!(
+            "{}\n[[collectors]]\ntype = \"dcgm\"\nname = \"dcgm-qa\"\ninterval_secs = 10\nendpoints = [\"{endpoint}\"]\n",
+            kubernetes_entry("qa-cluster", &kc)
+        ),
+    )
+    .unwrap();
+    let (_server, base) = serve(&dir, &["--config", "g.toml"]);
+    let get = |path: String| async move {
+        reqwest::get(path)
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    let on = |detail: &serde_json::Value, source: &str| -> Vec<String> {
+        detail["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["source"] == source)
+            .map(|a| a["workload"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let pod_name = "runai-reservation/runai-reservation-gpu-qa-mig-worker-gpu-1-kvltw";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    loop {
+        let gpus = get(format!("{base}/api/v1/gpus")).await;
+        let busy = get(format!(
+            "{base}/api/v1/gpus/GPU-7a2e92f2-be71-d37e-a744-541600ffc722"
+        ))
+        .await;
+        let free = get(format!(
+            "{base}/api/v1/gpus/GPU-5f587dd4-6505-0873-c6db-8324dbfe5ba9"
+        ))
+        .await;
+        let items = gpus["items"].as_array().cloned().unwrap_or_default();
+        let merged = items.len() == 2
+            && items.iter().all(|g| {
+                g["placeholder"] == false
+                    && g["host"] == "qa-mig-worker-gpu-1"
+                    && g["cluster"] == "qa-cluster"
+                    && g["model"] == "Tesla T4"
+            });
+        if merged
+            && on(&busy, "qa-cluster") == [pod_name]
+            && on(&busy, "dcgm-qa") == [pod_name]
+            && on(&free, "qa-cluster").is_empty()
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not merged: {gpus}\nbusy: {busy}\nfree: {free}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
