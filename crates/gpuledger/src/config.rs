@@ -196,6 +196,109 @@ impl Checker<'_> {
     }
 }
 
+/// `[rates.instance_types]`: `"p5.48xlarge" = 55.04` (per instance-hour, GPUs from the
+/// catalog) or `"g6f.large" = { usd_per_hour = 0.2, gpus = 0.125 }`.
+fn instance_rates(c: &mut Checker, item: &Item, rates: &mut gpuledger_ledger::RateTable) {
+    let Some(t) = item.as_table() else {
+        c.problem(
+            item.span(),
+            "rates.instance_types",
+            "must be a table, like [rates.instance_types]",
+        );
+        return;
+    };
+    for (key, v) in t.iter() {
+        let path = format!("rates.instance_types.{key}");
+        let entry = match v.as_value() {
+            Some(Value::InlineTable(inline)) => {
+                let table = inline.clone().into_table();
+                c.unknown_keys(&table, &path, &["usd_per_hour", "gpus"]);
+                let price = c.number(&table, &path, "usd_per_hour", 0.0, 1_000_000.0);
+                let gpus = c.number(&table, &path, "gpus", 0.001, 1024.0);
+                if table.get("usd_per_hour").is_none() {
+                    c.problem(v.span(), &path, "needs `usd_per_hour`");
+                }
+                price.map(|p| gpuledger_ledger::InstanceOverride {
+                    usd_per_hour: p,
+                    gpus,
+                })
+            }
+            _ => {
+                let price = c.number(t, "rates.instance_types", key, 0.0, 1_000_000.0);
+                if price.is_some() && gpuledger_ledger::catalog::instance_price(key).is_none() {
+                    c.problem(
+                        v.span(),
+                        &path,
+                        format!(
+                            "`{key}` is not in the built-in catalog, so its GPU count is \
+                             unknown; write {{ usd_per_hour = N, gpus = N }}"
+                        ),
+                    );
+                    None
+                } else {
+                    price.map(|p| gpuledger_ledger::InstanceOverride {
+                        usd_per_hour: p,
+                        gpus: None,
+                    })
+                }
+            }
+        };
+        if let Some(e) = entry {
+            rates.instance_overrides.insert(key.to_ascii_lowercase(), e);
+        }
+    }
+}
+
+/// `[[rates.onprem]]`: model, optional hosts pattern, purchase price, life, power.
+fn onprem_rates(c: &mut Checker, item: &Item, rates: &mut gpuledger_ledger::RateTable) {
+    let Some(list) = item.as_array_of_tables() else {
+        c.problem(
+            item.span(),
+            "rates.onprem",
+            "must be an array of tables, written [[rates.onprem]]",
+        );
+        return;
+    };
+    for (i, t) in list.iter().enumerate() {
+        let path = format!("rates.onprem[{i}]");
+        c.unknown_keys(
+            t,
+            &path,
+            &[
+                "model",
+                "hosts",
+                "purchase_usd",
+                "life_years",
+                "watts",
+                "usd_per_kwh",
+                "pue",
+            ],
+        );
+        let model = c.string(t, &path, "model");
+        let purchase = c.number(t, &path, "purchase_usd", 0.0, 100_000_000.0);
+        let life = c.number(t, &path, "life_years", 0.1, 50.0);
+        for key in ["model", "purchase_usd", "life_years"] {
+            if t.get(key).is_none() {
+                c.problem(t.span(), &path, format!("needs `{key}`"));
+            }
+        }
+        let watts = c.number(t, &path, "watts", 0.0, 100_000.0).unwrap_or(0.0);
+        let kwh = c.number(t, &path, "usd_per_kwh", 0.0, 100.0).unwrap_or(0.0);
+        let pue = c.number(t, &path, "pue", 1.0, 5.0).unwrap_or(1.0);
+        if let (Some(model), Some(purchase_usd), Some(life_years)) = (model, purchase, life) {
+            rates.onprem.push(gpuledger_ledger::OnPremRate {
+                model,
+                hosts: c.string(t, &path, "hosts"),
+                purchase_usd,
+                life_years,
+                watts,
+                usd_per_kwh: kwh,
+                pue,
+            });
+        }
+    }
+}
+
 fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
         key.to_string()
@@ -303,9 +406,15 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
     }
     if let Some(t) = c.table(root, "rates") {
-        for (key, _) in t.iter() {
-            if let Some(v) = c.number(t, "rates", key, 0.0, 10_000.0) {
-                s.rates.overrides.insert(key.to_string(), v);
+        for (key, item) in t.iter() {
+            match key {
+                "instance_types" => instance_rates(&mut c, item, &mut s.rates),
+                "onprem" => onprem_rates(&mut c, item, &mut s.rates),
+                _ => {
+                    if let Some(v) = c.number(t, "rates", key, 0.0, 10_000.0) {
+                        s.rates.overrides.insert(key.to_string(), v);
+                    }
+                }
             }
         }
     }
@@ -452,6 +561,46 @@ max_body_bytes = 2048
         assert!(
             text.iter()
                 .any(|t| t.contains("collectors[0].type: unknown collector type")),
+            "{text:#?}"
+        );
+    }
+
+    #[test]
+    fn instance_and_onprem_rates_parse_and_explain_mistakes() {
+        let cfg = parse(
+            "[rates]\nH100 = 9.8\n[rates.instance_types]\n\"p5.48xlarge\" = 55.04\n\"g6f.large\" = { usd_per_hour = 0.2, gpus = 0.125 }\n[[rates.onprem]]\nmodel = \"H100\"\nhosts = \"dgx-*\"\npurchase_usd = 35040\nlife_years = 4\nwatts = 700\nusd_per_kwh = 0.1\npue = 1.5\n",
+        )
+        .unwrap();
+        let r = &cfg.settings.rates;
+        assert_eq!(r.overrides["H100"], 9.8);
+        assert_eq!(r.instance_overrides["p5.48xlarge"].usd_per_hour, 55.04);
+        assert_eq!(r.instance_overrides["g6f.large"].gpus, Some(0.125));
+        assert_eq!(r.onprem[0].hosts.as_deref(), Some("dgx-*"));
+        assert!((r.onprem[0].usd_per_hour() - 1.105).abs() < 1e-9);
+        let problems = parse(
+            "[rates.instance_types]\n\"x9.huge\" = 3.0\n[[rates.onprem]]\nmodel = \"H100\"\nlife_years = 4\npue = 0.5\ncolour = 1\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        assert!(
+            text.iter().any(|t| t.contains(
+                "rates.instance_types.x9.huge: `x9.huge` is not in the built-in catalog"
+            )),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("rates.onprem[0]: needs `purchase_usd`")),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("rates.onprem[0].pue: must be within 1..=5")),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("rates.onprem[0].colour: unknown key")),
             "{text:#?}"
         );
     }

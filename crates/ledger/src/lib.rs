@@ -2,6 +2,7 @@
 //! sources, ownership with its reason, hourly rates with their origin, and the summary
 //! arithmetic of BRIEF section 4. No IO: everything here is tested with plain values.
 
+pub mod catalog;
 pub mod ingest;
 pub mod merge;
 pub mod ownership;
@@ -14,6 +15,8 @@ pub use ingest::{
 };
 pub use merge::{merge_gpu, GpuRecord};
 pub use ownership::{derive_ownership, Ownership};
-pub use rates::{RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF};
+pub use rates::{
+    InstanceOverride, OnPremRate, RateFacts, RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF,
+};
 pub use settings::Settings;
 pub use summary::{summarize, GpuWindow, GroupBy};

@@ -46,7 +46,17 @@ impl GpuRecord {
         self.team = o.team;
         self.env = o.env;
         self.owner_reason = o.reason;
-        self.rate = settings.rates.rate_for(&self.model);
+        self.rate = settings.rates.rate_for(&self.rate_facts());
+    }
+
+    /// What this GPU's rate depends on.
+    pub fn rate_facts(&self) -> crate::rates::RateFacts<'_> {
+        crate::rates::RateFacts {
+            model: &self.model,
+            cloud: self.cloud.as_deref(),
+            instance_type: self.instance_type.as_deref(),
+            host: self.host.as_deref(),
+        }
     }
 }
 
@@ -108,7 +118,10 @@ pub fn merge_gpu(
             team: String::new(),
             env: String::new(),
             owner_reason: String::new(),
-            rate: settings.rates.rate_for(&g.model),
+            rate: Rate {
+                usd_per_hour: None,
+                origin: gpuledger_model::RateOrigin::Unknown,
+            },
         },
         Some(old) => {
             let primary = old.source == source;

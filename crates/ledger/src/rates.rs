@@ -109,16 +109,109 @@ pub fn family_of(model: &str) -> Option<&'static BuiltinRate> {
         .find(|r| r.tokens.iter().all(|t| toks.iter().any(|m| m == t)))
 }
 
-/// Built-in rates plus config overrides keyed by exact model name or family name.
+/// What a GPU's rate depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RateFacts<'a> {
+    pub model: &'a str,
+    pub cloud: Option<&'a str>,
+    pub instance_type: Option<&'a str>,
+    pub host: Option<&'a str>,
+}
+
+impl<'a> RateFacts<'a> {
+    /// Facts of a GPU known only by its model.
+    pub fn model(model: &'a str) -> RateFacts<'a> {
+        RateFacts {
+            model,
+            ..Default::default()
+        }
+    }
+}
+
+/// A configured price of an instance type, per instance-hour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceOverride {
+    pub usd_per_hour: f64,
+    /// GPUs per instance; `None` takes the catalog's count.
+    pub gpus: Option<f64>,
+}
+
+/// An on-prem rate for a model (exact name or family), optionally only on hosts matching a
+/// pattern (`*` and `?`): the purchase price spread over its life, plus power at the wall.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnPremRate {
+    pub model: String,
+    pub hosts: Option<String>,
+    pub purchase_usd: f64,
+    pub life_years: f64,
+    pub watts: f64,
+    pub usd_per_kwh: f64,
+    pub pue: f64,
+}
+
+/// Hours in a year of amortization (365 days).
+pub const HOURS_PER_YEAR: f64 = 8760.0;
+
+impl OnPremRate {
+    /// purchase ÷ (life × 8760 h) + watts ÷ 1000 × $/kWh × PUE.
+    pub fn usd_per_hour(&self) -> f64 {
+        self.purchase_usd / (self.life_years * HOURS_PER_YEAR)
+            + self.watts / 1000.0 * self.usd_per_kwh * self.pue
+    }
+
+    fn matches(&self, facts: &RateFacts) -> bool {
+        let model_ok = self.model == facts.model
+            || family_of(facts.model).is_some_and(|f| f.family == self.model);
+        let host_ok = match (&self.hosts, facts.host) {
+            (None, _) => true,
+            (Some(p), Some(h)) => glob_match(p, h),
+            (Some(_), None) => false,
+        };
+        model_ok && host_ok
+    }
+}
+
+/// `*` matches any run of characters, `?` one character; everything else itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Built-in rates plus the config's: overrides by model or family, instance-type prices and
+/// on-prem rates.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RateTable {
     pub overrides: BTreeMap<String, f64>,
+    /// `[rates.instance_types]`, keyed by instance type (lower case).
+    pub instance_overrides: BTreeMap<String, InstanceOverride>,
+    /// `[[rates.onprem]]`, first match wins.
+    pub onprem: Vec<OnPremRate>,
 }
 
 impl RateTable {
-    /// The rate for a GPU model, first match wins: an override for the exact model name, an
-    /// override for its family, the built-in family rate, else unknown.
-    pub fn rate_for(&self, model: &str) -> Rate {
+    /// The rate of a GPU, first match wins (BRIEF section 4): an override for the exact model
+    /// name or its family; a configured price of its instance type ÷ its GPUs; the catalog's
+    /// on-demand price of its instance type ÷ its GPUs; for GPUs not in a cloud, an on-prem
+    /// rate for its model (and host); the built-in family rate; else unknown.
+    pub fn rate_for(&self, facts: &RateFacts) -> Rate {
+        let model = facts.model;
         if let Some(v) = self.overrides.get(model) {
             return Rate {
                 usd_per_hour: Some(*v),
@@ -128,15 +221,63 @@ impl RateTable {
             };
         }
         let family = family_of(model);
-        if let Some(f) = family {
-            if let Some(v) = self.overrides.get(f.family) {
+        if let Some(v) = family.and_then(|f| self.overrides.get(f.family)) {
+            return Rate {
+                usd_per_hour: Some(*v),
+                origin: RateOrigin::ConfigOverride {
+                    key: family.map(|f| f.family.to_string()).unwrap_or_default(),
+                },
+            };
+        }
+        if let Some(it) = facts.instance_type.map(str::trim).filter(|i| !i.is_empty()) {
+            let cataloged = crate::catalog::instance_price(it);
+            if let Some(o) = self.instance_overrides.get(&it.to_ascii_lowercase()) {
+                if let Some(gpus) = o.gpus.or(cataloged.map(|c| c.gpus)) {
+                    return Rate {
+                        usd_per_hour: Some(o.usd_per_hour / gpus.max(1.0)),
+                        origin: RateOrigin::InstanceOverride {
+                            instance_type: it.to_string(),
+                            instance_usd_per_hour: o.usd_per_hour,
+                            gpus,
+                        },
+                    };
+                }
+            }
+            if let Some(c) = cataloged {
                 return Rate {
-                    usd_per_hour: Some(*v),
-                    origin: RateOrigin::ConfigOverride {
-                        key: f.family.to_string(),
+                    usd_per_hour: Some(c.per_gpu()),
+                    origin: RateOrigin::InstanceCatalog {
+                        instance_type: c.instance_type.to_string(),
+                        cloud: c.cloud.to_string(),
+                        region: c.region.to_string(),
+                        instance_usd_per_hour: c.usd_per_hour,
+                        gpus: c.gpus,
+                        source: c.source.to_string(),
+                        as_of: crate::catalog::CATALOG_AS_OF.to_string(),
                     },
                 };
             }
+        }
+        let in_cloud = matches!(facts.cloud, Some("aws" | "gcp" | "azure"));
+        if !in_cloud {
+            if let Some(o) = self.onprem.iter().find(|o| o.matches(facts)) {
+                return Rate {
+                    usd_per_hour: Some(o.usd_per_hour()),
+                    origin: RateOrigin::OnPrem {
+                        key: match &o.hosts {
+                            Some(h) => format!("{} on {h}", o.model),
+                            None => o.model.clone(),
+                        },
+                        purchase_usd: o.purchase_usd,
+                        life_years: o.life_years,
+                        watts: o.watts,
+                        usd_per_kwh: o.usd_per_kwh,
+                        pue: o.pue,
+                    },
+                };
+            }
+        }
+        if let Some(f) = family {
             return Rate {
                 usd_per_hour: Some(f.usd_per_hour),
                 origin: RateOrigin::BuiltinModel {
@@ -178,11 +319,17 @@ mod tests {
     #[test]
     fn overrides_win_exact_then_family() {
         let mut t = RateTable::default();
-        assert_eq!(t.rate_for("Tesla T4").usd_per_hour, Some(0.35));
+        assert_eq!(
+            t.rate_for(&RateFacts::model("Tesla T4")).usd_per_hour,
+            Some(0.35)
+        );
         t.overrides.insert("T4".into(), 0.2);
-        assert_eq!(t.rate_for("Tesla T4").usd_per_hour, Some(0.2));
+        assert_eq!(
+            t.rate_for(&RateFacts::model("Tesla T4")).usd_per_hour,
+            Some(0.2)
+        );
         t.overrides.insert("Tesla T4".into(), 0.1);
-        let r = t.rate_for("Tesla T4");
+        let r = t.rate_for(&RateFacts::model("Tesla T4"));
         assert_eq!(r.usd_per_hour, Some(0.1));
         assert_eq!(
             r.origin,
@@ -190,6 +337,100 @@ mod tests {
                 key: "Tesla T4".into()
             }
         );
-        assert_eq!(t.rate_for("Mystery GPU").origin, RateOrigin::Unknown);
+        assert_eq!(
+            t.rate_for(&RateFacts::model("Mystery GPU")).origin,
+            RateOrigin::Unknown
+        );
+    }
+
+    #[test]
+    fn instance_prices_then_onprem_then_model_defaults() {
+        let mut t = RateTable::default();
+        let p5 = RateFacts {
+            model: "NVIDIA H100 80GB HBM3",
+            cloud: Some("aws"),
+            instance_type: Some("p5.48xlarge"),
+            host: Some("ip-10-0-0-1"),
+        };
+        let r = t.rate_for(&p5);
+        assert_eq!(r.usd_per_hour, Some(12.29));
+        assert!(matches!(r.origin, RateOrigin::InstanceCatalog { gpus, .. } if gpus == 8.0));
+        assert!(r
+            .origin
+            .label()
+            .starts_with("catalog (p5.48xlarge $98.32/h ÷ 8, aws us-east-1"));
+        // A reserved price for the instance type wins over the catalog.
+        t.instance_overrides.insert(
+            "p5.48xlarge".into(),
+            InstanceOverride {
+                usd_per_hour: 60.0,
+                gpus: None,
+            },
+        );
+        assert_eq!(t.rate_for(&p5).usd_per_hour, Some(7.5));
+        // An instance type the catalog lacks needs its GPU count.
+        t.instance_overrides.insert(
+            "g6f.large".into(),
+            InstanceOverride {
+                usd_per_hour: 0.2,
+                gpus: Some(0.125),
+            },
+        );
+        let g6f = RateFacts {
+            model: "NVIDIA L4",
+            instance_type: Some("g6f.large"),
+            ..p5
+        };
+        assert_eq!(
+            t.rate_for(&g6f).usd_per_hour,
+            Some(0.2),
+            "a fraction costs its price"
+        );
+        // On-prem: amortized purchase plus power, for GPUs in no cloud, by host pattern.
+        t.onprem.push(OnPremRate {
+            model: "H100".into(),
+            hosts: Some("dgx-*".into()),
+            purchase_usd: 35_040.0,
+            life_years: 4.0,
+            watts: 700.0,
+            usd_per_kwh: 0.10,
+            pue: 1.5,
+        });
+        let dgx = RateFacts {
+            model: "NVIDIA H100 80GB HBM3",
+            cloud: Some("onprem"),
+            instance_type: None,
+            host: Some("dgx-07"),
+        };
+        let r = t.rate_for(&dgx);
+        // 35,040 / (4 × 8760) = 1.00; 0.7 kW × $0.10 × 1.5 = 0.105.
+        assert!((r.usd_per_hour.unwrap() - 1.105).abs() < 1e-9, "{r:?}");
+        let other = RateFacts {
+            host: Some("lab-1"),
+            ..dgx
+        };
+        assert_eq!(
+            t.rate_for(&other).usd_per_hour,
+            Some(12.29),
+            "built-in default"
+        );
+        let cloud = RateFacts {
+            cloud: Some("gcp"),
+            ..dgx
+        };
+        assert_eq!(
+            t.rate_for(&cloud).usd_per_hour,
+            Some(12.29),
+            "on-prem rates skip clouds"
+        );
+    }
+
+    #[test]
+    fn globs_match_whole_names() {
+        assert!(glob_match("dgx-*", "dgx-07"));
+        assert!(glob_match("*-a100-?", "rdu-a100-3"));
+        assert!(!glob_match("dgx-*", "lab-dgx-1"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("a?", "a"));
     }
 }

@@ -21,6 +21,32 @@ pub enum RateOrigin {
     ConfigOverride { key: String },
     /// The built-in table of public on-demand prices.
     BuiltinModel { family: String, source: String },
+    /// `[rates.instance_types]` in the config: a negotiated, spot, reserved or committed-use
+    /// price per instance-hour, ÷ the instance's GPUs.
+    InstanceOverride {
+        instance_type: String,
+        instance_usd_per_hour: f64,
+        gpus: f64,
+    },
+    /// The built-in catalog: the instance type's on-demand price ÷ its GPUs.
+    InstanceCatalog {
+        instance_type: String,
+        cloud: String,
+        region: String,
+        instance_usd_per_hour: f64,
+        gpus: f64,
+        source: String,
+        as_of: String,
+    },
+    /// `[[rates.onprem]]`: purchase price amortized over its life, plus power.
+    OnPrem {
+        key: String,
+        purchase_usd: f64,
+        life_years: f64,
+        watts: f64,
+        usd_per_kwh: f64,
+        pue: f64,
+    },
     /// No rate applies: cost is unknown.
     Unknown,
 }
@@ -31,6 +57,34 @@ impl RateOrigin {
         match self {
             RateOrigin::ConfigOverride { key } => format!("config override ({key})"),
             RateOrigin::BuiltinModel { family, .. } => format!("built-in default ({family})"),
+            RateOrigin::InstanceOverride {
+                instance_type,
+                instance_usd_per_hour,
+                gpus,
+            } => format!(
+                "config instance price ({instance_type} ${instance_usd_per_hour}/h ÷ {gpus})"
+            ),
+            RateOrigin::InstanceCatalog {
+                instance_type,
+                cloud,
+                region,
+                instance_usd_per_hour,
+                gpus,
+                ..
+            } => format!(
+                "catalog ({instance_type} ${instance_usd_per_hour}/h ÷ {gpus}, {cloud} {region})"
+            ),
+            RateOrigin::OnPrem {
+                key,
+                purchase_usd,
+                life_years,
+                watts,
+                usd_per_kwh,
+                pue,
+            } => format!(
+                "on-prem ({key}: ${purchase_usd} over {life_years} y + {watts} W × \
+                 ${usd_per_kwh}/kWh × PUE {pue})"
+            ),
             RateOrigin::Unknown => UNKNOWN.to_string(),
         }
     }

@@ -472,7 +472,7 @@ impl Store {
             if !again.placeholder {
                 again.rederive(&self.settings);
             } else {
-                again.rate = self.settings.rates.rate_for(&again.model);
+                again.rate = self.settings.rates.rate_for(&again.rate_facts());
             }
             if again != rec {
                 changed.insert(id, again);

@@ -1,0 +1,324 @@
+//! The built-in, dated catalog of on-demand prices of GPU instance types on AWS, GCP and
+//! Azure, each figure with the public page or file it was read from. A GPU on a cataloged
+//! instance type costs the instance's price ÷ its GPUs (BRIEF section 4).
+//!
+//! Prices are per instance-hour, on-demand, Linux, in the region named. They change; override
+//! any of them with `[rates.instance_types]` (spot, reserved and committed-use prices go there
+//! too). Fractional-GPU instances (a slice of one GPU that the host sees as a GPU) cost their
+//! whole price per visible GPU: the divisor is never below one GPU.
+
+/// When the catalog's figures were last read off their sources.
+pub const CATALOG_AS_OF: &str = "2026-12-02";
+
+/// One instance type's price.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InstancePrice {
+    pub cloud: &'static str,
+    pub instance_type: &'static str,
+    /// GPUs per instance; below 1 for a fractional-GPU instance.
+    pub gpus: f64,
+    /// The GPU family (the built-in model table's names).
+    pub family: &'static str,
+    pub usd_per_hour: f64,
+    pub region: &'static str,
+    pub source: &'static str,
+}
+
+impl InstancePrice {
+    /// USD per GPU-hour: the instance price ÷ its GPUs, never dividing by less than one GPU.
+    pub fn per_gpu(&self) -> f64 {
+        self.usd_per_hour / self.gpus.max(1.0)
+    }
+}
+
+const SKYPILOT_AWS: &str =
+    "SkyPilot catalog v7 aws/vms.csv, us-east-1 on-demand (corpus pricing/skypilot-catalog-v7-aws-vms-gpu-subset.csv)";
+const AWS_PAGE: &str = "AWS EC2 On-Demand pricing page, US East (N. Virginia), Linux";
+const AWS_CAPACITY_BLOCKS: &str =
+    "AWS EC2 Capacity Blocks for ML pricing page, US East (Ohio) (no on-demand list price)";
+const GCP_PAGE: &str = "Google Cloud Compute Engine GPU VM pricing page, us-central1, on-demand";
+const AZURE_PAGE: &str = "Azure Linux Virtual Machines pricing page, East US, pay-as-you-go";
+
+macro_rules! row {
+    ($cloud:literal, $it:literal, $gpus:literal, $fam:literal, $usd:literal, $region:literal, $src:expr) => {
+        InstancePrice {
+            cloud: $cloud,
+            instance_type: $it,
+            gpus: $gpus,
+            family: $fam,
+            usd_per_hour: $usd,
+            region: $region,
+            source: $src,
+        }
+    };
+}
+
+/// The catalog. Instance types are matched without regard to case.
+pub const CATALOG: &[InstancePrice] = &[
+    // AWS
+    row!(
+        "aws",
+        "p5.48xlarge",
+        8.0,
+        "H100",
+        98.32,
+        "us-east-1",
+        SKYPILOT_AWS
+    ),
+    row!(
+        "aws",
+        "p5e.48xlarge",
+        8.0,
+        "H200",
+        43.26,
+        "us-east-2",
+        AWS_CAPACITY_BLOCKS
+    ),
+    row!(
+        "aws",
+        "p4de.24xlarge",
+        8.0,
+        "A100 80GB",
+        40.96575,
+        "us-east-1",
+        SKYPILOT_AWS
+    ),
+    row!(
+        "aws",
+        "p4d.24xlarge",
+        8.0,
+        "A100",
+        32.7726,
+        "us-east-1",
+        SKYPILOT_AWS
+    ),
+    row!(
+        "aws",
+        "p3.2xlarge",
+        1.0,
+        "V100",
+        3.06,
+        "us-east-1",
+        SKYPILOT_AWS
+    ),
+    row!(
+        "aws",
+        "g6e.xlarge",
+        1.0,
+        "L40S",
+        1.861,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g6e.12xlarge",
+        4.0,
+        "L40S",
+        10.49264,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g6e.48xlarge",
+        8.0,
+        "L40S",
+        30.13118,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!("aws", "g6.xlarge", 1.0, "L4", 0.8048, "us-east-1", AWS_PAGE),
+    row!(
+        "aws",
+        "g6.12xlarge",
+        4.0,
+        "L4",
+        4.6016,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g6.48xlarge",
+        8.0,
+        "L4",
+        13.3504,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g5.xlarge",
+        1.0,
+        "A10G",
+        1.006,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g5.12xlarge",
+        4.0,
+        "A10G",
+        5.672,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g5.48xlarge",
+        8.0,
+        "A10G",
+        16.288,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g4dn.xlarge",
+        1.0,
+        "T4",
+        0.526,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    row!(
+        "aws",
+        "g4dn.12xlarge",
+        4.0,
+        "T4",
+        3.912,
+        "us-east-1",
+        AWS_PAGE
+    ),
+    // GCP (prices include the VM's CPU and memory)
+    row!(
+        "gcp",
+        "a3-highgpu-8g",
+        8.0,
+        "H100",
+        88.49,
+        "us-central1",
+        GCP_PAGE
+    ),
+    row!(
+        "gcp",
+        "a2-highgpu-1g",
+        1.0,
+        "A100",
+        3.673477,
+        "us-central1",
+        GCP_PAGE
+    ),
+    row!(
+        "gcp",
+        "a2-highgpu-8g",
+        8.0,
+        "A100",
+        29.387816,
+        "us-central1",
+        GCP_PAGE
+    ),
+    row!(
+        "gcp",
+        "g2-standard-4",
+        1.0,
+        "L4",
+        0.706832,
+        "us-central1",
+        GCP_PAGE
+    ),
+    // Azure
+    row!(
+        "azure",
+        "Standard_ND96isr_H100_v5",
+        8.0,
+        "H100",
+        98.32,
+        "eastus",
+        AZURE_PAGE
+    ),
+    row!(
+        "azure",
+        "Standard_ND96amsr_A100_v4",
+        8.0,
+        "A100 80GB",
+        32.77,
+        "eastus",
+        AZURE_PAGE
+    ),
+    row!(
+        "azure",
+        "Standard_ND96asr_v4",
+        8.0,
+        "A100",
+        27.197,
+        "eastus",
+        AZURE_PAGE
+    ),
+    row!(
+        "azure",
+        "Standard_NC24ads_A100_v4",
+        1.0,
+        "A100 80GB",
+        3.673,
+        "eastus",
+        AZURE_PAGE
+    ),
+    row!(
+        "azure",
+        "Standard_NC4as_T4_v3",
+        1.0,
+        "T4",
+        0.526,
+        "eastus",
+        AZURE_PAGE
+    ),
+];
+
+/// The catalog row of an instance type, if any.
+pub fn instance_price(instance_type: &str) -> Option<&'static InstancePrice> {
+    let it = instance_type.trim();
+    CATALOG
+        .iter()
+        .find(|p| p.instance_type.eq_ignore_ascii_case(it))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_gpu_divides_by_gpus_but_never_below_one() {
+        let p5 = instance_price("P5.48XLARGE").unwrap();
+        assert_eq!(p5.per_gpu(), 12.29);
+        let frac = InstancePrice {
+            gpus: 0.125,
+            usd_per_hour: 0.2,
+            ..*instance_price("g6.xlarge").unwrap()
+        };
+        assert_eq!(frac.per_gpu(), 0.2, "a slice costs its price, not 8× it");
+        assert!(instance_price("m5.large").is_none());
+    }
+
+    #[test]
+    fn catalog_covers_the_families_on_every_cloud_and_is_well_formed() {
+        for fam in ["A100", "H100", "H200", "L40S", "L4", "A10G", "T4"] {
+            assert!(CATALOG.iter().any(|p| p.family == fam), "{fam}");
+        }
+        for cloud in ["aws", "gcp", "azure"] {
+            assert!(CATALOG.iter().any(|p| p.cloud == cloud), "{cloud}");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in CATALOG {
+            assert!(p.gpus > 0.0 && p.usd_per_hour > 0.0, "{p:?}");
+            assert!(!p.source.is_empty());
+            assert!(
+                seen.insert(p.instance_type.to_ascii_lowercase()),
+                "{}",
+                p.instance_type
+            );
+        }
+    }
+}
