@@ -46,6 +46,8 @@ pub struct Config {
     pub settings: Settings,
     pub web: WebConfig,
     pub collectors: Vec<CollectorEntry>,
+    /// `[ownership] assignments`: a CSV file, relative to the config file.
+    pub assignments_file: Option<std::path::PathBuf>,
 }
 
 /// One problem in a config file.
@@ -249,6 +251,126 @@ fn instance_rates(c: &mut Checker, item: &Item, rates: &mut gpuledger_ledger::Ra
     }
 }
 
+/// `[[ownership.rules]]`: `when = { ATTR = "PATTERN", ... }`, then `team`/`team_from` and/or
+/// `env`/`env_from`.
+fn ownership_rules(c: &mut Checker, item: &Item, rules: &mut gpuledger_ledger::OwnershipRules) {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    let Some(list) = item.as_array_of_tables() else {
+        c.problem(
+            item.span(),
+            "ownership.rules",
+            "must be an array of tables, written [[ownership.rules]]",
+        );
+        return;
+    };
+    for (i, t) in list.iter().enumerate() {
+        let path = format!("ownership.rules[{i}]");
+        c.unknown_keys(
+            t,
+            &path,
+            &["name", "when", "team", "team_from", "env", "env_from"],
+        );
+        let mut when = Vec::new();
+        if let Some(w) = t.get("when") {
+            let table = match w {
+                Item::Table(t) => Some(t.clone()),
+                Item::Value(Value::InlineTable(i)) => Some(i.clone().into_table()),
+                _ => None,
+            };
+            match table {
+                Some(wt) => {
+                    for (k, v) in wt.iter() {
+                        let at = format!("{path}.when.{k}");
+                        match (Attr::parse(k), v.as_str()) {
+                            (Ok(a), Some(p)) => when.push((a, p.to_string())),
+                            (Err(e), _) => c.problem(v.span().or(w.span()), &at, e),
+                            (_, None) => c.problem(
+                                v.span().or(w.span()),
+                                &at,
+                                "must be a string pattern (* and ? match any text)",
+                            ),
+                        }
+                    }
+                }
+                None => c.problem(
+                    w.span(),
+                    &format!("{path}.when"),
+                    r#"must be a table, like when = { cluster = "rdu-*", "label.team" = "nlp" }"#,
+                ),
+            }
+        }
+        let setting = |c: &mut Checker, fixed: &str, from: &str| -> Option<Setting> {
+            match (c.string(t, &path, fixed), c.string(t, &path, from)) {
+                (Some(_), Some(_)) => {
+                    c.problem(
+                        t.get(from).and_then(|i| i.span()),
+                        &path,
+                        format!("set `{fixed}` or `{from}`, not both"),
+                    );
+                    None
+                }
+                (Some(n), None) => Some(Setting::Name(n)),
+                (None, Some(a)) => match Attr::parse(&a) {
+                    Ok(a) => Some(Setting::From(a)),
+                    Err(e) => {
+                        c.problem(
+                            t.get(from).and_then(|i| i.span()),
+                            &format!("{path}.{from}"),
+                            e,
+                        );
+                        None
+                    }
+                },
+                (None, None) => None,
+            }
+        };
+        let team = setting(c, "team", "team_from");
+        let env = setting(c, "env", "env_from");
+        if team.is_none()
+            && env.is_none()
+            && !["team", "team_from", "env", "env_from"]
+                .iter()
+                .any(|k| t.get(k).is_some())
+        {
+            c.problem(
+                t.span(),
+                &path,
+                "sets nothing: give `team`, `team_from`, `env` or `env_from`",
+            );
+        }
+        rules.rules.push(Rule {
+            name: c.string(t, &path, "name"),
+            when,
+            team,
+            env,
+        });
+    }
+}
+
+/// Read the assignments file named in the config (relative to the config file) into the
+/// ownership rules. Returns the problems found; the good lines are kept.
+pub fn read_assignments(cfg: &mut Config, config_path: &std::path::Path) -> Vec<String> {
+    let Some(file) = &cfg.assignments_file else {
+        return Vec::new();
+    };
+    let path = config_path
+        .parent()
+        .map(|d| d.join(file))
+        .unwrap_or_else(|| file.clone());
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let name = path.display().to_string();
+            let (list, problems) = gpuledger_ledger::ownership::parse_assignments(&name, &text);
+            cfg.settings.ownership.assignments = list;
+            problems
+        }
+        Err(e) => vec![format!(
+            "ownership.assignments: cannot read {}: {e}",
+            path.display()
+        )],
+    }
+}
+
 /// `[[rates.onprem]]`: model, optional hosts pattern, purchase price, life, power.
 fn onprem_rates(c: &mut Checker, item: &Item, rates: &mut gpuledger_ledger::RateTable) {
     let Some(list) = item.as_array_of_tables() else {
@@ -337,6 +459,8 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             "auth",
             "ingest",
             "rates",
+            "ownership",
+            "teams",
             "collectors",
         ],
     );
@@ -418,6 +542,33 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             }
         }
     }
+    if let Some(t) = c.table(root, "ownership") {
+        c.unknown_keys(t, "ownership", &["assignments", "rules"]);
+        cfg.assignments_file = c.string(t, "ownership", "assignments").map(Into::into);
+        if let Some(item) = t.get("rules") {
+            ownership_rules(&mut c, item, &mut s.ownership);
+        }
+    }
+    if let Some(t) = c.table(root, "teams") {
+        for (name, item) in t.iter() {
+            let path = format!("teams.{name}");
+            let Some(team) = item.as_table() else {
+                c.problem(
+                    item.span(),
+                    &path,
+                    format!("must be a table, like [teams.{name}]"),
+                );
+                continue;
+            };
+            c.unknown_keys(team, &path, &["display_name", "manager", "cost_center"]);
+            let info = gpuledger_model::TeamInfo {
+                display_name: c.string(team, &path, "display_name"),
+                manager: c.string(team, &path, "manager"),
+                cost_center: c.string(team, &path, "cost_center"),
+            };
+            cfg.web.teams.insert(name.to_ascii_lowercase(), info);
+        }
+    }
     if let Some(item) = root.get("collectors") {
         match item {
             Item::ArrayOfTables(list) => {
@@ -481,7 +632,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
 pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
-    parse(&text).map_err(|problems| {
+    let mut cfg = parse(&text).map_err(|problems| {
         let lines: Vec<String> = problems
             .iter()
             .map(|p| format!("{}:{p}", path.display()))
@@ -492,7 +643,12 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
             problems.len(),
             lines.join("\n")
         )
-    })
+    })?;
+    for p in read_assignments(&mut cfg, path) {
+        // The good lines are kept: a bad line must not leave every GPU unowned.
+        tracing::warn!(problem = %p, "assignments file");
+    }
+    Ok(cfg)
 }
 
 #[cfg(test)]
@@ -603,6 +759,41 @@ max_body_bytes = 2048
                 .any(|t| t.contains("rates.onprem[0].colour: unknown key")),
             "{text:#?}"
         );
+    }
+
+    #[test]
+    fn ownership_rules_teams_and_assignments() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-cfg-own-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("owners.csv"),
+            "target,team,env\ndgx-*,research,lab\nbad\n",
+        )
+        .unwrap();
+        let text = "[ownership]\nassignments = \"owners.csv\"\n\n[[ownership.rules]]\nname = \"rdu nlp\"\nwhen = { cluster = \"rdu-*\", \"label.kubernetes.namespace\" = \"nlp-*\" }\nteam = \"nlp\"\nenv = \"prod\"\n\n[[ownership.rules]]\nteam_from = \"label.squad\"\n\n[teams.nlp]\ndisplay_name = \"Language\"\nmanager = \"Ana Ruiz\"\ncost_center = \"CC-4410\"\n";
+        std::fs::write(dir.join("g.toml"), text).unwrap();
+        let mut cfg = parse(text).unwrap();
+        let o = &cfg.settings.ownership;
+        assert_eq!(o.rules.len(), 2);
+        assert_eq!(o.rules[0].when.len(), 2);
+        assert_eq!(cfg.web.teams["nlp"].cost_center.as_deref(), Some("CC-4410"));
+        let problems = read_assignments(&mut cfg, &dir.join("g.toml"));
+        assert_eq!(cfg.settings.ownership.assignments.len(), 1);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let bad = parse(
+            "[[ownership.rules]]\nwhen = { namespace = \"x\" }\nteam = \"a\"\nteam_from = \"label.t\"\n[[ownership.rules]]\nname = \"empty\"\n[teams.x]\nboss = \"y\"\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = bad.iter().map(|p| p.to_string()).collect();
+        for want in [
+            "ownership.rules[0].when.namespace: `namespace` is no GPU attribute",
+            "ownership.rules[0]: set `team` or `team_from`, not both",
+            "ownership.rules[1]: sets nothing",
+            "teams.x.boss: unknown key",
+        ] {
+            assert!(text.iter().any(|t| t.contains(want)), "{want}: {text:#?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -433,12 +433,27 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     match config::parse(&text) {
-        Ok(cfg) => {
+        Ok(mut cfg) => {
+            let problems = config::read_assignments(&mut cfg, &file);
+            for p in &problems {
+                println!("{p}");
+            }
+            if !problems.is_empty() {
+                anyhow::bail!("{} problem(s) in the assignments file", problems.len());
+            }
+            let r = &cfg.settings.rates;
+            let o = &cfg.settings.ownership;
             println!(
-                "{}: ok ({} collector(s), {} rate override(s))",
+                "{}: ok ({} collector(s), {} rate override(s), {} instance price(s), {} on-prem \
+                 rate(s), {} ownership rule(s), {} assignment(s), {} team(s))",
                 file.display(),
                 cfg.collectors.len(),
-                cfg.settings.rates.overrides.len()
+                r.overrides.len(),
+                r.instance_overrides.len(),
+                r.onprem.len(),
+                o.rules.len(),
+                o.assignments.len(),
+                cfg.web.teams.len()
             );
             Ok(())
         }

@@ -158,9 +158,8 @@ fn config_check_reports_every_problem_with_its_location() {
     std::fs::write(&good, "listen = \"127.0.0.1:9000\"\n[rates]\nH100 = 9.5\n").unwrap();
     let out = bin().arg("check-config").arg(&good).output().unwrap();
     assert!(out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("ok (0 collector(s), 1 rate override(s))")
-    );
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("ok (0 collector(s), 1 rate override(s), 0 instance price(s)"));
     let bad = dir.join("bad.toml");
     std::fs::write(
         &bad,

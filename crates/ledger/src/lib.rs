@@ -14,7 +14,7 @@ pub use ingest::{
     decode_body, validate_body, validate_collected, BodyLimits, DecodeError, Rejection, Validated,
 };
 pub use merge::{merge_gpu, GpuRecord};
-pub use ownership::{derive_ownership, Ownership};
+pub use ownership::{Ownership, OwnershipRules};
 pub use rates::{
     InstanceOverride, OnPremRate, RateFacts, RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF,
 };

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpuledger_model::{PushGpu, Rate};
 
-use crate::ownership::derive_ownership;
+use crate::ownership::GpuFacts;
 use crate::settings::Settings;
 
 /// A GPU as stored: merged attributes plus derived owner, environment and rate.
@@ -42,7 +42,17 @@ impl GpuRecord {
     /// Re-derive owner, environment and rate from the merged attributes (after a merge, or when
     /// the config's rates change).
     pub fn rederive(&mut self, settings: &Settings) {
-        let o = derive_ownership(&self.labels, &self.source);
+        let o = settings.ownership.decide(&GpuFacts {
+            uuid: &self.uuid,
+            labels: &self.labels,
+            host: self.host.as_deref(),
+            cluster: self.cluster.as_deref(),
+            cloud: self.cloud.as_deref(),
+            region: self.region.as_deref(),
+            instance_type: self.instance_type.as_deref(),
+            model: &self.model,
+            source: &self.source,
+        });
         self.team = o.team;
         self.env = o.env;
         self.owner_reason = o.reason;

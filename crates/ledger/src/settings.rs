@@ -1,5 +1,6 @@
 //! The tunables that the definitions of BRIEF section 4 depend on.
 
+use crate::ownership::OwnershipRules;
 use crate::rates::RateTable;
 
 /// Thresholds, windows and retention shared by ingest, rollups and queries.
@@ -18,6 +19,8 @@ pub struct Settings {
     /// Timestamps further than this in the future are refused (clock skew guard).
     pub max_future_skew_secs: i64,
     pub rates: RateTable,
+    /// Ordered ownership rules and explicit assignments.
+    pub ownership: OwnershipRules,
 }
 
 impl Default for Settings {
@@ -30,6 +33,7 @@ impl Default for Settings {
             rollup_retention_days: 730,
             max_future_skew_secs: 300,
             rates: RateTable::default(),
+            ownership: OwnershipRules::default(),
         }
     }
 }

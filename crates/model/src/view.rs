@@ -252,3 +252,11 @@ pub struct Summary {
     pub groups: Vec<SummaryGroup>,
     pub total: SummaryGroup,
 }
+
+/// A team of the config's registry (`[teams.<name>]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TeamInfo {
+    pub display_name: Option<String>,
+    pub manager: Option<String>,
+    pub cost_center: Option<String>,
+}

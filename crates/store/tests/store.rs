@@ -787,3 +787,46 @@ async fn gpus_list_filters_and_detail(store: Store) {
         .unwrap()
         .is_none());
 }
+
+/// Ownership rules from the config decide owner and environment on ingest, with the rule named.
+#[tokio::test]
+async fn ownership_rules_place_gpus_with_their_reason() {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    let dir = tempdir::Dir::new();
+    let mut settings = Settings::default();
+    settings.ownership.rules.push(Rule {
+        name: Some("rdu research".into()),
+        when: vec![
+            (Attr::Cluster, "rdu-*".into()),
+            (Attr::Host, "dgx-*".into()),
+        ],
+        team: Some(Setting::Name("research".into())),
+        env: Some(Setting::From(Attr::Label("stage".into()))),
+    });
+    let store = Store::open(&format!("sqlite://{}/r.db", dir.0.display()), settings)
+        .await
+        .unwrap();
+    push(
+        &store,
+        &who("agent", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"dgx-2","cluster":"rdu-1","labels":{{"team":"nlp","stage":"Dev"}},"observed_at":"2026-12-02T11:00:00Z"}},
+               {{"uuid":"{B}","model":"Tesla T4","host":"node-1","cluster":"rdu-1","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T11:00:00Z"}}]}}"#
+        ),
+    )
+    .await;
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    let a = gpus.iter().find(|g| g.uuid == A).unwrap();
+    assert_eq!((a.team.as_str(), a.env.as_str()), ("research", "dev"));
+    assert_eq!(
+        a.owner_reason,
+        "owner: research — rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2`; env: dev — \
+         rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2`, label `stage` `Dev`; GPU first \
+         reported by source agent"
+    );
+    let b = gpus.iter().find(|g| g.uuid == B).unwrap();
+    assert_eq!(b.team, "nlp", "no rule matches: the team label decides");
+}

@@ -270,3 +270,37 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
     }
     Json(serde_json::json!({ "items": list })).into_response()
 }
+
+/// `GET /api/v1/teams`: the team registry, and the teams that own GPUs without being in it.
+pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q.as_deref(), &[]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    let gpus = match state.store.list_gpus(&p.filters, false, state.now()).await {
+        Ok(g) => g,
+        Err(e) => return internal(e),
+    };
+    let mut owning: std::collections::BTreeMap<String, u64> = Default::default();
+    for g in &gpus {
+        *owning.entry(g.team.clone()).or_default() += 1;
+    }
+    let registry = &state.config.teams;
+    let mut names: std::collections::BTreeSet<&String> = registry.keys().collect();
+    names.extend(owning.keys());
+    let items: Vec<serde_json::Value> = names
+        .into_iter()
+        .map(|name| {
+            let info = registry.get(name).cloned().unwrap_or_default();
+            serde_json::json!({
+                "name": name,
+                "registered": registry.contains_key(name),
+                "display_name": info.display_name,
+                "manager": info.manager,
+                "cost_center": info.cost_center,
+                "gpus": owning.get(name).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({"count": items.len(), "items": items})).into_response()
+}

@@ -32,6 +32,8 @@ pub struct WebConfig {
     pub read_requires_token: bool,
     /// Label every page as demo data.
     pub demo: bool,
+    /// The team registry (`[teams.<name>]`), by team name.
+    pub teams: std::collections::BTreeMap<String, gpuledger_model::TeamInfo>,
 }
 
 /// Shared state of every handler.
@@ -109,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/gpus/{uuid}", get(api::gpu))
         .route("/api/v1/summary", get(api::summary))
         .route("/api/v1/sources", get(api::sources))
+        .route("/api/v1/teams", get(api::teams))
         .route("/api/v1/openapi.json", get(openapi::serve))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -476,3 +476,63 @@ async fn page_every_page_renders_the_same_numbers_as_the_api() {
     assert!(sources.contains("rack-push"));
     assert!(!sources.contains("stale-banner"));
 }
+
+#[tokio::test]
+async fn api_teams_lists_the_registry_and_unregistered_owners() {
+    let mut teams = std::collections::BTreeMap::new();
+    teams.insert(
+        "nlp".to_string(),
+        gpuledger_model::TeamInfo {
+            display_name: Some("Language".into()),
+            manager: Some("Ana Ruiz".into()),
+            cost_center: Some("CC-4410".into()),
+        },
+    );
+    teams.insert("finance".to_string(), Default::default());
+    let app = app(WebConfig {
+        teams,
+        ..Default::default()
+    })
+    .await;
+    let token = app.token("p", &[]).await;
+    assert_eq!(
+        app.push(Some(&token), bytes(&inventory()), false).await.0,
+        200
+    );
+    let t = app.get_json("/api/v1/teams").await;
+    let by: std::collections::BTreeMap<String, serde_json::Value> = t["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap().to_string(), i.clone()))
+        .collect();
+    assert_eq!(by["nlp"]["manager"], "Ana Ruiz");
+    assert_eq!(
+        (
+            by["nlp"]["registered"].as_bool(),
+            by["nlp"]["gpus"].as_u64()
+        ),
+        (Some(true), Some(1))
+    );
+    assert_eq!(
+        (
+            by["finance"]["registered"].as_bool(),
+            by["finance"]["gpus"].as_u64()
+        ),
+        (Some(true), Some(0))
+    );
+    assert_eq!(
+        by["vision"]["registered"], false,
+        "owns a GPU, not in the registry"
+    );
+    let t = app.get_json("/api/v1/teams?team=vision").await;
+    assert_eq!(
+        t["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["gpus"] != 0)
+            .count(),
+        1
+    );
+}
