@@ -470,6 +470,22 @@ async fn page_every_page_renders_the_same_numbers_as_the_api() {
         "0.35 × 730 = $255.50, shown in whole dollars: {missing}"
     );
     assert_eq!(app.get("/waste?idle_days=0").await.0, 400);
+    // The same findings as JSON for tools: largest first, with team and evidence.
+    let s = app.get_json("/api/v1/savings?range=7d").await;
+    let items = s["items"].as_array().unwrap();
+    let missing = items.iter().find(|i| i["kind"] == "missing GPU").unwrap();
+    assert_eq!(missing["usd_per_month"], 255.5);
+    assert_eq!(missing["evidence"], format!("/gpus/{B}?range=7d"));
+    assert!(items.iter().any(|i| i["kind"] == "allocated but idle"
+        && i["what"].as_str().unwrap().contains("nlp-dev/notebook-7")));
+    let sum: f64 = items
+        .iter()
+        .map(|i| i["usd_per_month"].as_f64().unwrap())
+        .sum();
+    assert!((s["usd_per_month"].as_f64().unwrap() - sum).abs() < 0.05);
+    assert!(items
+        .windows(2)
+        .all(|w| w[0]["usd_per_month"].as_f64() >= w[1]["usd_per_month"].as_f64()));
 
     // Sources: the pushing source with its freshness; a stale one raises the banner.
     let (_, sources) = app.get("/sources").await;

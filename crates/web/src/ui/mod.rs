@@ -22,7 +22,7 @@ pub use overview::overview;
 pub use sources::sources_page;
 pub use teams::{team_page, teams};
 pub use usage::usage;
-pub use waste::waste;
+pub use waste::{savings_api, waste};
 
 use askama::Template;
 use axum::http::{header, StatusCode};

@@ -3,7 +3,7 @@
 
 use askama::Template;
 use axum::extract::{RawQuery, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 
 use super::{col, count, frame, internal, ncol, parse, respond, usd0, Cell, Frame, Table};
@@ -307,38 +307,64 @@ pub struct WastePage {
     pub missing: Table,
 }
 
-pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &["idle_days"]) {
-        Ok(p) => p,
+/// `GET /api/v1/savings`: the Waste page's findings as JSON, largest $ per month first, each
+/// with its kind, team, evidence link and the figures behind it.
+pub async fn savings_api(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let (found, idle_days) = match load(&state, q.as_deref()).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
+    let mut all = found.2.all;
+    all.sort_by(|a, b| b.usd_per_month.total_cmp(&a.usd_per_month));
+    let total: f64 = all.iter().map(|x| x.usd_per_month).sum();
+    let items: Vec<serde_json::Value> = all
+        .iter()
+        .map(|x| {
+            serde_json::json!({
+                "kind": x.kind, "what": x.what, "team": x.team, "detail": x.detail,
+                "evidence": x.href, "usd_per_month": (x.usd_per_month * 100.0).round() / 100.0,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({
+        "idle_days": idle_days,
+        "usd_per_month": (total * 100.0).round() / 100.0,
+        "count": items.len(),
+        "items": items,
+    }))
+    .into_response()
+}
+
+/// Params, frame and findings for the page and the API.
+async fn load(
+    state: &AppState,
+    q: Option<&str>,
+) -> Result<((Params, Frame, Findings), i64), Response> {
+    let p = parse(q, &["idle_days"])?;
     let idle_days = match p.extra.get("idle_days").map(|v| v.parse::<i64>()) {
         None => 7,
         Some(Ok(d)) if (1..=365).contains(&d) => d,
         Some(_) => {
-            return crate::error(
+            return Err(crate::error(
                 axum::http::StatusCode::BAD_REQUEST,
                 "idle_days: must be a whole number of days within 1..=365",
-            )
+            ))
         }
     };
-    let sources = match state.store.sources(state.now()).await {
-        Ok(s) => s,
-        Err(e) => return internal(e),
-    };
-    let f = match frame(&state, &p, "/waste", "Waste", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+    let sources = state.store.sources(state.now()).await.map_err(internal)?;
+    let f = frame(state, &p, "/waste", "Waste", &sources).await?;
     let now = state.now();
-    let (gpus, windows) = match tokio::try_join!(
+    let (gpus, windows) = tokio::try_join!(
         state.store.list_gpus(&p.filters, false, now),
         state.store.gpu_windows(p.window(now, 30), &p.filters, now),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
-    let found = match findings(&state, &p, &f, idle_days, &gpus, &windows).await {
+    )
+    .map_err(internal)?;
+    let found = findings(state, &p, &f, idle_days, &gpus, &windows).await?;
+    Ok(((p, f, found), idle_days))
+}
+
+pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let ((p, f, found), idle_days) = match load(&state, q.as_deref()).await {
         Ok(x) => x,
         Err(r) => return r,
     };
