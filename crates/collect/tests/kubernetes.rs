@@ -631,6 +631,11 @@ async fn watch_reads_cloud_facts_from_node_labels_and_provider_id() {
     assert_eq!(h.instance_type.as_deref(), Some("n1-standard-8"));
     assert_eq!(h.cluster.as_deref(), Some("gke-qa"));
     assert_eq!(h.labels.get("team").map(String::as_str), Some("vision"));
+    assert_eq!(
+        h.labels.get("instance_id").map(String::as_str),
+        Some("qa-mig-worker-gpu-1"),
+        "from the providerID, for billing exports"
+    );
 }
 
 #[tokio::test]

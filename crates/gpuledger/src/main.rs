@@ -40,6 +40,11 @@ enum Command {
     Agent(gpuledger_agent::AgentArgs),
     /// Run the configured pull collectors.
     Collect(CollectArgs),
+    /// Import data files: `import billing FILE` reconciles a FOCUS billing export.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
+    },
     /// Validate a config file and print every problem with its location.
     CheckConfig {
         /// The config file (TOML).
@@ -79,6 +84,19 @@ enum TokenCommand {
         /// A read-only token, for installs that require tokens to read.
         #[arg(long)]
         viewer: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImportCommand {
+    /// Reconcile a FinOps FOCUS billing export (CSV) with the stored GPUs: per GPU, team and
+    /// month the estimated cost, the billed EffectiveCost and the difference, and the
+    /// GPU-looking lines no known host matched. Prints the report as JSON; stores nothing.
+    Billing {
+        /// The FOCUS CSV file.
+        file: PathBuf,
         #[command(flatten)]
         db: DbArgs,
     },
@@ -429,6 +447,66 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn import_billing(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
+    use chrono::{Datelike, TimeZone};
+    let cfg = load_config(db.config.as_ref())?;
+    let url = database_url(db.database_url, &cfg);
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let (lines, problems) =
+        gpuledger_ledger::billing::parse_focus(&file.display().to_string(), &text)?;
+    let store = Store::open(&url, cfg.settings)
+        .await
+        .with_context(|| format!("opening database {url}"))?;
+    let now = chrono::Utc::now();
+    let filters = gpuledger_store::Filters::default();
+    let mut windows = std::collections::BTreeMap::new();
+    for l in lines.iter().filter(|l| l.gpu) {
+        if windows.contains_key(&l.month) {
+            continue;
+        }
+        let t = l.charge_period_start;
+        let from = chrono::Utc
+            .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+            .single()
+            .context("month start")?;
+        let to = if t.month() == 12 {
+            chrono::Utc.with_ymd_and_hms(t.year() + 1, 1, 1, 0, 0, 0)
+        } else {
+            chrono::Utc.with_ymd_and_hms(t.year(), t.month() + 1, 1, 0, 0, 0)
+        }
+        .single()
+        .context("month end")?;
+        let window = gpuledger_store::Window {
+            from: from.timestamp(),
+            to: to.timestamp(),
+        };
+        windows.insert(
+            l.month.clone(),
+            store.gpu_windows(window, &filters, now).await?,
+        );
+    }
+    // A cloud instance ID (from a Kubernetes node's providerID) names its host.
+    let aliases = store
+        .list_gpus(&filters, false, now)
+        .await?
+        .into_iter()
+        .filter_map(|g| Some((g.labels.get("instance_id")?.to_ascii_lowercase(), g.host?)))
+        .collect();
+    let report = gpuledger_ledger::billing::reconcile(&lines, &windows, &aliases, problems);
+    eprintln!(
+        "{}: {} line(s), {} GPU-looking, {} matched to known hosts, {} unmatched, {} problem(s)",
+        file.display(),
+        report.lines,
+        report.gpu_lines,
+        report.matched_lines,
+        report.unmatched.len(),
+        report.problems.len()
+    );
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
 fn check_config(file: PathBuf) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -508,6 +586,9 @@ fn main() -> std::process::ExitCode {
             Command::Collect(a) => collect(a).await,
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
+            Command::Import {
+                command: ImportCommand::Billing { file, db },
+            } => import_billing(file, db).await,
         }
     });
     match result {

@@ -488,3 +488,93 @@ async fn serve_merges_kubernetes_placeholders_with_dcgm_uuids() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
+
+/// `import billing`: the corpus FOCUS sample (no GPU spend in it) and a file written here with
+/// GPU lines for two demo hosts and one unknown instance, against the demo fleet.
+#[test]
+fn import_billing_reconciles_focus_lines_with_gpus() {
+    let dir = tempdir("billing");
+    let db = dir.join("demo.db");
+    let out = bin()
+        .args(["demo", "--load-only", "--days", "3", "--database-url"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let import = |file: &Path| {
+        let out = bin()
+            .args(["import", "billing"])
+            .arg(file)
+            .arg("--database-url")
+            .arg(&db)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let sample = corpus_dir().join("billing/focus-1.0-sample-subset.csv");
+    if sample.is_file() {
+        let r = import(&sample);
+        assert_eq!(r["lines"], 198);
+        assert_eq!(
+            r["gpu_lines"], 0,
+            "the sample bills SQS, ELB, c5/m5/t2 instances, storage"
+        );
+        assert!(r["unmatched"].as_array().unwrap().is_empty());
+    } else {
+        eprintln!("skipped: the corpus FOCUS sample (no corpus)");
+    }
+    let day = (chrono::Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%d 00:00:00");
+    let file = dir.join("gpu.csv");
+    std::fs::write(
+        &file,
+        format!(
+            "BillingPeriodStart,ChargePeriodStart,BilledCost,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+             x,{day},2359.68,1500.00,arn:aws:ec2:us-east-1:1:instance/ip-10-1-0-01,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             x,{day},786.54,786.54,ip-10-1-0-02,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             x,{day},0.20,0.20,ip-10-1-0-01,$0.09 per GB data transfer out,Amazon Elastic Compute Cloud,AWS\n\
+             x,{day},24.14,24.14,i-0unknown,$1.006 per On Demand Linux g5.xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             x,{day},oops,1,i-0bad,,,AWS\n"
+        ),
+    )
+    .unwrap();
+    let r = import(&file);
+    assert_eq!(
+        (
+            r["lines"].as_u64(),
+            r["gpu_lines"].as_u64(),
+            r["matched_lines"].as_u64()
+        ),
+        (Some(4), Some(3), Some(2))
+    );
+    assert_eq!(r["unmatched"][0]["resource_id"], "i-0unknown");
+    assert!(r["problems"][0]
+        .as_str()
+        .unwrap()
+        .ends_with(":6: BilledCost: `oops` is not a number"));
+    let gpus = r["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 16, "8 GPUs on each of the two p5 hosts");
+    let billed: f64 = gpus.iter().map(|g| g["billed_usd"].as_f64().unwrap()).sum();
+    assert!(
+        (billed - 2286.54).abs() < 0.05,
+        "EffectiveCost of the two hosts: {billed}"
+    );
+    for g in gpus {
+        let (e, b, d) = (
+            g["estimated_usd"].as_f64().unwrap(),
+            g["billed_usd"].as_f64().unwrap(),
+            g["difference_usd"].as_f64().unwrap(),
+        );
+        assert!((b - e - d).abs() < 0.011, "{g}");
+    }
+    assert!(!r["teams"].as_array().unwrap().is_empty());
+}

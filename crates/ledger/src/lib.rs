@@ -2,6 +2,7 @@
 //! sources, ownership with its reason, hourly rates with their origin, and the summary
 //! arithmetic of BRIEF section 4. No IO: everything here is tested with plain values.
 
+pub mod billing;
 pub mod catalog;
 pub mod ingest;
 pub mod merge;

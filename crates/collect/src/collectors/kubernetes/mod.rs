@@ -425,7 +425,14 @@ impl KubernetesCollector {
                     cloud: g.cloud,
                     region: g.region.clone(),
                     instance_type: g.instance_type.clone(),
-                    labels: g.labels.clone(),
+                    labels: {
+                        // The cloud's instance ID, which billing exports name the host by.
+                        let mut l = g.labels.clone();
+                        if let Some(id) = &g.instance_id {
+                            l.insert("instance_id".into(), id.clone());
+                        }
+                        l
+                    },
                 },
                 provenance: provenance(key, now),
             });

@@ -1,0 +1,487 @@
+//! Billing reconciliation: FinOps FOCUS exports (the CSV that AWS, Azure, GCP and OCI export)
+//! read line by line, GPU-looking lines matched to the GPUs' hosts by resource ID, and the
+//! estimated cost compared with what was billed, per GPU, team and month.
+//!
+//! List price and billed price never mix: the estimate is gpuledger's rate × present hours,
+//! the billed figure is the export's `EffectiveCost` (after discounts and commitments; its
+//! `BilledCost` is kept beside it). Lines that look like GPU spend but match no known host are
+//! listed, not dropped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Datelike, NaiveDateTime, TimeZone, Utc};
+use serde::Serialize;
+
+use crate::summary::GpuWindow;
+
+/// One usable line of a FOCUS export.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BillingLine {
+    /// Line number in the file (the header is line 1).
+    pub line: usize,
+    pub provider: Option<String>,
+    pub service: Option<String>,
+    pub resource_id: Option<String>,
+    /// The resource ID's last part (`i-0abc` of an ARN, a VM name of an Azure ID), lower case.
+    pub resource_key: Option<String>,
+    pub description: Option<String>,
+    pub charge_period_start: DateTime<Utc>,
+    /// `YYYY-MM` of the charge period.
+    pub month: String,
+    pub effective_cost: f64,
+    pub billed_cost: f64,
+    /// A GPU instance type named by the line, when it names one.
+    pub instance_type: Option<String>,
+    /// Whether the line looks like GPU spend.
+    pub gpu: bool,
+}
+
+/// Why a FOCUS file or line could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BillingError {
+    #[error("{0}")]
+    File(String),
+}
+
+/// Instance-type prefixes of GPU instances: AWS families, GCP accelerator-optimized machine
+/// series, Azure N-series.
+const GPU_FAMILIES: &[&str] = &[
+    "p2.",
+    "p3.",
+    "p3dn.",
+    "p4d.",
+    "p4de.",
+    "p5.",
+    "p5e.",
+    "p5en.",
+    "p6-",
+    "g3.",
+    "g3s.",
+    "g4dn.",
+    "g4ad.",
+    "g5.",
+    "g5g.",
+    "g6.",
+    "g6e.",
+    "g6f.",
+    "gr6.",
+    "gr6f.",
+    "a2-",
+    "a3-",
+    "a4-",
+    "g2-",
+    "standard_nc",
+    "standard_nd",
+    "standard_nv",
+    "bm.gpu",
+    "vm.gpu",
+];
+const GPU_WORDS: &[&str] = &[
+    "gpu", "nvidia", "a100", "h100", "h200", "l40s", "a10g", "tesla", "v100",
+];
+
+fn cell(row: &csv::StringRecord, i: Option<usize>) -> Option<String> {
+    let v = row.get(i?)?.trim();
+    (!v.is_empty() && !v.eq_ignore_ascii_case("null")).then(|| v.to_string())
+}
+
+fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Some(t.with_timezone(&Utc));
+    }
+    for f in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d %H:%M:%S%.f",
+    ] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, f) {
+            return Some(Utc.from_utc_datetime(&t));
+        }
+    }
+    chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .ok()
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|t| Utc.from_utc_datetime(&t))
+}
+
+/// The last part of a resource ID, lower case: what a host or instance ID is compared with.
+pub fn resource_key(id: &str) -> String {
+    id.trim()
+        .rsplit(['/', ':'])
+        .find(|p| !p.is_empty())
+        .unwrap_or(id)
+        .to_ascii_lowercase()
+}
+
+/// A GPU instance type a line names, from its words (`… per On Demand Linux p4d.24xlarge
+/// Instance Hour`) or the catalog.
+fn instance_type_of(text: &str) -> Option<String> {
+    text.split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .map(|w| w.trim_matches(|c: char| c == '"' || c == '\''))
+        .find(|w| {
+            let l = w.to_ascii_lowercase();
+            crate::catalog::instance_price(w).is_some()
+                || GPU_FAMILIES
+                    .iter()
+                    .any(|f| l.starts_with(f) && l.len() > f.len())
+        })
+        .map(String::from)
+}
+
+/// Read a FOCUS CSV. A file without the FOCUS columns this needs is an error; a line that
+/// cannot be read is named in the problems and the rest is kept.
+pub fn parse_focus(
+    name: &str,
+    text: &str,
+) -> Result<(Vec<BillingLine>, Vec<String>), BillingError> {
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let header = reader
+        .headers()
+        .map_err(|e| BillingError::File(format!("{name}: cannot read the header: {e}")))?
+        .clone();
+    let col = |n: &str| header.iter().position(|h| h.trim() == n);
+    let (Some(start_c), Some(eff_c), Some(billed_c)) = (
+        col("ChargePeriodStart"),
+        col("EffectiveCost"),
+        col("BilledCost"),
+    ) else {
+        return Err(BillingError::File(format!(
+            "{name}: not a FOCUS export: the header needs ChargePeriodStart, EffectiveCost and \
+             BilledCost (FOCUS 1.0 columns)"
+        )));
+    };
+    let (rid, provider, service, desc, sku, rtype) = (
+        col("ResourceId"),
+        col("ProviderName"),
+        col("ServiceName"),
+        col("ChargeDescription"),
+        col("SkuId"),
+        col("ResourceType"),
+    );
+    let mut lines = Vec::new();
+    let mut problems = Vec::new();
+    for (i, row) in reader.records().enumerate() {
+        let line = i + 2;
+        let row = match row {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(format!("{name}:{line}: {e}"));
+                continue;
+            }
+        };
+        let money = |c: usize, field: &str| -> Result<f64, String> {
+            let v = cell(&row, Some(c)).unwrap_or_else(|| "0".into());
+            v.parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| format!("{name}:{line}: {field}: `{v}` is not a number"))
+        };
+        let (effective_cost, billed_cost) =
+            match (money(eff_c, "EffectiveCost"), money(billed_c, "BilledCost")) {
+                (Ok(e), Ok(b)) => (e, b),
+                (Err(p), _) | (_, Err(p)) => {
+                    problems.push(p);
+                    continue;
+                }
+            };
+        let Some(start) = cell(&row, Some(start_c)) else {
+            problems.push(format!("{name}:{line}: ChargePeriodStart: empty"));
+            continue;
+        };
+        let Some(charge_period_start) = parse_time(&start) else {
+            problems.push(format!(
+                "{name}:{line}: ChargePeriodStart: `{start}` is not a date and time"
+            ));
+            continue;
+        };
+        let description = cell(&row, desc);
+        let words = [description.clone(), cell(&row, sku), cell(&row, rtype)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let instance_type = instance_type_of(&words);
+        let service = cell(&row, service);
+        let lower = format!("{words} {}", service.as_deref().unwrap_or("")).to_ascii_lowercase();
+        let gpu = instance_type.is_some()
+            || lower
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|w| GPU_WORDS.contains(&w));
+        let resource_id = cell(&row, rid);
+        lines.push(BillingLine {
+            line,
+            provider: cell(&row, provider),
+            service,
+            resource_key: resource_id.as_deref().map(resource_key),
+            resource_id,
+            description,
+            month: format!(
+                "{:04}-{:02}",
+                charge_period_start.year(),
+                charge_period_start.month()
+            ),
+            charge_period_start,
+            effective_cost,
+            billed_cost,
+            instance_type,
+            gpu,
+        });
+    }
+    Ok((lines, problems))
+}
+
+/// One GPU's month: its estimate and its share of what its host was billed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuMonth {
+    pub month: String,
+    pub uuid: String,
+    pub host: String,
+    pub team: String,
+    pub gpu_hours: i64,
+    /// Rate × present hours; `None` when the GPU has no rate.
+    pub estimated_usd: Option<f64>,
+    /// The host's `EffectiveCost`, shared by its GPUs in proportion to their present hours.
+    pub billed_usd: f64,
+    pub difference_usd: Option<f64>,
+}
+
+/// A team's month.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamMonth {
+    pub month: String,
+    pub team: String,
+    pub estimated_usd: f64,
+    pub billed_usd: f64,
+    pub difference_usd: f64,
+    /// GPU-hours of GPUs without a rate (not in `estimated_usd`).
+    pub unpriced_gpu_hours: i64,
+}
+
+/// A GPU-looking line no known host matched.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unmatched {
+    pub line: usize,
+    pub month: String,
+    pub resource_id: Option<String>,
+    pub instance_type: Option<String>,
+    pub description: Option<String>,
+    pub effective_cost: f64,
+}
+
+/// The reconciliation of one export.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Reconciliation {
+    pub lines: usize,
+    pub gpu_lines: usize,
+    pub matched_lines: usize,
+    pub gpus: Vec<GpuMonth>,
+    pub teams: Vec<TeamMonth>,
+    pub unmatched: Vec<Unmatched>,
+    pub problems: Vec<String>,
+}
+
+fn cents(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Match `lines` to the GPUs of each month (`windows[month]`, from the store) by host, or by
+/// an alias of a host (`aliases`: instance ID → host, lower case), and compare.
+pub fn reconcile(
+    lines: &[BillingLine],
+    windows: &BTreeMap<String, Vec<GpuWindow>>,
+    aliases: &HashMap<String, String>,
+    problems: Vec<String>,
+) -> Reconciliation {
+    let mut r = Reconciliation {
+        lines: lines.len(),
+        problems,
+        ..Default::default()
+    };
+    // (month, host) → billed
+    let mut billed: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for l in lines {
+        if !l.gpu {
+            continue; // A GPU host's other spend (transfer, storage) is no GPU cost.
+        }
+        r.gpu_lines += 1;
+        let month_gpus = windows.get(&l.month);
+        let host = l.resource_key.as_deref().and_then(|k| {
+            let host = aliases.get(k).map(String::as_str).unwrap_or(k);
+            month_gpus?
+                .iter()
+                .find(|g| {
+                    g.host
+                        .as_deref()
+                        .is_some_and(|h| h.eq_ignore_ascii_case(host))
+                })
+                .and_then(|g| g.host.clone())
+        });
+        match host {
+            Some(h) => {
+                r.matched_lines += 1;
+                *billed.entry((l.month.clone(), h)).or_default() += l.effective_cost;
+            }
+            None => {
+                r.unmatched.push(Unmatched {
+                    line: l.line,
+                    month: l.month.clone(),
+                    resource_id: l.resource_id.clone(),
+                    instance_type: l.instance_type.clone(),
+                    description: l.description.clone(),
+                    effective_cost: l.effective_cost,
+                });
+            }
+        }
+    }
+    let mut teams: BTreeMap<(String, String), TeamMonth> = BTreeMap::new();
+    for ((month, host), total) in &billed {
+        let gpus: Vec<&GpuWindow> = windows[month]
+            .iter()
+            .filter(|g| g.host.as_deref() == Some(host.as_str()))
+            .collect();
+        let hours: i64 = gpus.iter().map(|g| g.present_hours).sum();
+        for g in &gpus {
+            let share = if hours > 0 {
+                total * g.present_hours as f64 / hours as f64
+            } else {
+                total / gpus.len() as f64
+            };
+            let estimated = g.usd_per_hour.map(|r| r * g.present_hours as f64);
+            let t = teams
+                .entry((month.clone(), g.team.clone()))
+                .or_insert_with(|| TeamMonth {
+                    month: month.clone(),
+                    team: g.team.clone(),
+                    estimated_usd: 0.0,
+                    billed_usd: 0.0,
+                    difference_usd: 0.0,
+                    unpriced_gpu_hours: 0,
+                });
+            t.billed_usd += share;
+            match estimated {
+                Some(e) => t.estimated_usd += e,
+                None => t.unpriced_gpu_hours += g.present_hours,
+            }
+            r.gpus.push(GpuMonth {
+                month: month.clone(),
+                uuid: g.uuid.clone(),
+                host: host.clone(),
+                team: g.team.clone(),
+                gpu_hours: g.present_hours,
+                estimated_usd: estimated.map(cents),
+                billed_usd: cents(share),
+                difference_usd: estimated.map(|e| cents(share - e)),
+            });
+        }
+    }
+    r.teams = teams
+        .into_values()
+        .map(|mut t| {
+            t.difference_usd = cents(t.billed_usd - t.estimated_usd);
+            t.billed_usd = cents(t.billed_usd);
+            t.estimated_usd = cents(t.estimated_usd);
+            t
+        })
+        .collect();
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "BilledCost,ChargePeriodStart,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName";
+
+    fn window(uuid: &str, host: &str, team: &str, hours: i64, rate: Option<f64>) -> GpuWindow {
+        GpuWindow {
+            uuid: uuid.into(),
+            host: Some(host.into()),
+            memory_mib: None,
+            mem_max_mib: None,
+            team: team.into(),
+            env: "prod".into(),
+            cloud: Some("aws".into()),
+            cluster: None,
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            usd_per_hour: rate,
+            present_hours: hours,
+            busy_hours: 0,
+            idle_hours: 0,
+            allocated_hours: 0,
+            allocated_idle_hours: 0,
+            known_hours: 0,
+            activity_sum: 0.0,
+        }
+    }
+
+    #[test]
+    fn lines_are_read_and_bad_ones_named() {
+        let text = format!(
+            "{HEADER}\n\
+             30.0,2026-11-03 10:00:00,28.5,arn:aws:ec2:us-east-1:1:instance/i-0GPU1,$32.77 per On Demand Linux p4d.24xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             0.34,2026-11-03 10:00:00,0.34,i-0cpu,$0.34 per On Demand Linux c5.2xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             x,2026-11-03 10:00:00,1,i-0bad,,,AWS\n\
+             1,yesterday,1,i-0bad,,,AWS\n\
+             5,2026-11-04T00:00:00Z,5,/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/GPU-VM-2,NC24ads A100 v4,Virtual Machines,Microsoft\n"
+        );
+        let (lines, problems) = parse_focus("b.csv", &text).unwrap();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems[0], "b.csv:4: BilledCost: `x` is not a number");
+        assert_eq!(
+            problems[1],
+            "b.csv:5: ChargePeriodStart: `yesterday` is not a date and time"
+        );
+        assert_eq!(lines[0].resource_key.as_deref(), Some("i-0gpu1"));
+        assert_eq!(lines[0].instance_type.as_deref(), Some("p4d.24xlarge"));
+        assert!(lines[0].gpu && !lines[1].gpu && lines[2].gpu);
+        assert_eq!(
+            (lines[0].month.as_str(), lines[0].effective_cost),
+            ("2026-11", 28.5)
+        );
+        assert_eq!(lines[2].resource_key.as_deref(), Some("gpu-vm-2"));
+        assert!(parse_focus("x.csv", "a,b\n1,2\n")
+            .unwrap_err()
+            .to_string()
+            .contains("not a FOCUS export"));
+    }
+
+    #[test]
+    fn gpus_get_their_share_of_the_bill_and_unmatched_gpu_lines_are_listed() {
+        let text = format!(
+            "{HEADER}\n\
+             100,2026-11-01 00:00:00,90,arn:aws:ec2:us-east-1:1:instance/i-0aaa,p4d.24xlarge Instance Hour,EC2,AWS\n\
+             50,2026-11-02 00:00:00,45,i-0aaa,p4d.24xlarge Instance Hour,EC2,AWS\n\
+             9,2026-11-02 00:00:00,9,i-0zzz,g5.xlarge Instance Hour,EC2,AWS\n\
+             1,2026-11-02 00:00:00,1,i-0cpu,c5.large Instance Hour,EC2,AWS\n"
+        );
+        let (lines, problems) = parse_focus("b.csv", &text).unwrap();
+        let windows = BTreeMap::from([(
+            "2026-11".to_string(),
+            vec![
+                window("GPU-1", "gpu-node-1", "nlp", 30, Some(4.0)),
+                window("GPU-2", "gpu-node-1", "vision", 10, Some(4.0)),
+                window("GPU-3", "other", "nlp", 10, None),
+            ],
+        )]);
+        let aliases = HashMap::from([("i-0aaa".to_string(), "gpu-node-1".to_string())]);
+        let r = reconcile(&lines, &windows, &aliases, problems);
+        assert_eq!((r.lines, r.gpu_lines, r.matched_lines), (4, 3, 2));
+        // 135 billed on the host: 3/4 to GPU-1 (30 of 40 h), 1/4 to GPU-2.
+        let g1 = r.gpus.iter().find(|g| g.uuid == "GPU-1").unwrap();
+        assert_eq!(
+            (g1.billed_usd, g1.estimated_usd, g1.difference_usd),
+            (101.25, Some(120.0), Some(-18.75))
+        );
+        let nlp = r.teams.iter().find(|t| t.team == "nlp").unwrap();
+        assert_eq!(
+            (nlp.estimated_usd, nlp.billed_usd, nlp.difference_usd),
+            (120.0, 101.25, -18.75)
+        );
+        assert_eq!(r.unmatched.len(), 1);
+        assert_eq!(r.unmatched[0].resource_id.as_deref(), Some("i-0zzz"));
+        assert_eq!(r.unmatched[0].instance_type.as_deref(), Some("g5.xlarge"));
+    }
+}
