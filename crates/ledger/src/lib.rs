@@ -10,6 +10,7 @@ pub mod ownership;
 pub mod rates;
 pub mod settings;
 pub mod summary;
+pub mod usedby;
 
 pub use ingest::{
     decode_body, validate_body, validate_collected, BodyLimits, DecodeError, Rejection, Validated,

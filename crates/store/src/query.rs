@@ -3,7 +3,7 @@
 //! Aggregates come from the hour and day rollups; raw samples are never scanned. A window uses
 //! day rollups for its whole UTC days and hour rollups for the partial days at its edges.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, TimeZone, Utc};
 use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
@@ -491,6 +491,98 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// `gpu_id, mig_parent_uuid, start_ts, end_ts, workload, team` of an allocation.
+type AllocationRow = (
+    i64,
+    Option<String>,
+    i64,
+    Option<i64>,
+    String,
+    Option<String>,
+);
+
+impl Store {
+    /// "Used by" in a window: each present hour of the physical GPUs matching `filters`
+    /// (filters select owners) split among the workloads that held the GPU or its MIG
+    /// instances in that hour, by the team each allocation names; hours nobody held go to
+    /// `unallocated`. The rows' costs add up to the GPUs' cost.
+    pub async fn used_by_cost(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<gpuledger_ledger::usedby::UsedBy>> {
+        use gpuledger_ledger::usedby::{used_by, GpuHours, HourAlloc};
+        let (lo, hi) = window.hours(now.timestamp());
+        let (clause, binds) = filters.clause(1);
+        let sql = format!(
+            "SELECT g.id, g.uuid, g.usd_per_hour FROM gpus g \
+             WHERE g.mig_parent_uuid IS NULL{clause}"
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query_as::<_, (i64, String, Option<f64>)>(&sql).persistent(false);
+        for b in binds {
+            q = q.bind(b);
+        }
+        let physical = q.fetch_all(self.pool()).await?;
+        let by_uuid: HashMap<&str, usize> = physical
+            .iter()
+            .enumerate()
+            .map(|(i, (_, u, _))| (u.as_str(), i))
+            .collect();
+        let by_id: HashMap<i64, usize> = physical
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _, _))| (*id, i))
+            .collect();
+        let mut gpus: Vec<GpuHours> = physical
+            .iter()
+            .map(|(_, _, rate)| GpuHours {
+                usd_per_hour: *rate,
+                hours: Vec::new(),
+                allocations: Vec::new(),
+            })
+            .collect();
+        let rows: Vec<AllocationRow> = sqlx::query_as(&self.sql(
+            "SELECT a.gpu_id, g.mig_parent_uuid, a.start_ts, a.end_ts, a.workload, a.team \
+                 FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
+                 WHERE a.start_ts < $2 AND (a.end_ts IS NULL OR a.end_ts > $1)",
+        ))
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(self.pool())
+        .await?;
+        for (gpu_id, parent, start, end, workload, team) in rows {
+            // A MIG instance's allocation holds a share of its physical GPU.
+            let at = match &parent {
+                Some(p) => by_uuid.get(p.as_str()).copied(),
+                None => by_id.get(&gpu_id).copied(),
+            };
+            if let Some(i) = at {
+                gpus[i].allocations.push(HourAlloc {
+                    start,
+                    end,
+                    workload,
+                    team,
+                });
+            }
+        }
+        let hours: Vec<(i64, i64)> = sqlx::query_as(
+            &self.sql("SELECT gpu_id, hour FROM gpu_hours WHERE hour >= $1 AND hour < $2"),
+        )
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(self.pool())
+        .await?;
+        for (gpu_id, hour) in hours {
+            if let Some(i) = by_id.get(&gpu_id) {
+                gpus[*i].hours.push(hour);
+            }
+        }
+        Ok(used_by(&gpus))
     }
 }
 

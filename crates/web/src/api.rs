@@ -304,3 +304,39 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         .collect();
     Json(serde_json::json!({"count": items.len(), "items": items})).into_response()
 }
+
+/// `GET /api/v1/used-by`: who used the GPUs matching the filters (filters select owners), and
+/// what that use cost: each present GPU-hour split evenly among the workloads that held the GPU
+/// or its MIG instances, by the team each allocation names; hours nobody held are
+/// `unallocated`. The rows' costs add up to the GPUs' cost in the window.
+pub async fn used_by(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q.as_deref(), &["from", "to", "range"]) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    let now = state.now();
+    let window = p.window(now, 30);
+    let rows = match state.store.used_by_cost(window, &p.filters, now).await {
+        Ok(r) => r,
+        Err(e) => return internal(e),
+    };
+    let total: f64 = rows.iter().map(|r| r.cost_usd).sum();
+    let round = |v: f64, k: f64| (v * k).round() / k;
+    let items: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "team": r.team,
+                "gpu_hours": round(r.gpu_hours, 1000.0),
+                "cost_usd": round(r.cost_usd, 100.0),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "from": chrono::DateTime::from_timestamp(window.from, 0),
+        "to": chrono::DateTime::from_timestamp(window.to.min(now.timestamp()), 0),
+        "cost_usd": round(total, 100.0),
+        "items": items,
+    }))
+    .into_response()
+}

@@ -552,3 +552,125 @@ async fn api_teams_lists_the_registry_and_unregistered_owners() {
         1
     );
 }
+
+/// The worked example of docs/definitions.md ("Owned by, used by, and shared GPUs"), computed
+/// by hand: a time-sliced T4 of nlp shared by two teams' pods, and an A100 of vision split
+/// into MIG instances used by both teams. Window 2026-12-02 08:00–12:00.
+#[tokio::test]
+async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("lab", &[]).await;
+    const T: &str = "GPU-7e570000-0000-0000-0000-0000000000t4";
+    const M: &str = "GPU-a1000000-0000-0000-0000-00000000a100";
+    let m1 = format!("MIG-{}", "a1000000-0000-0000-0000-0000000000m1");
+    let m2 = format!("MIG-{}", "a1000000-0000-0000-0000-0000000000m2");
+    let gpu = |uuid: &str, model: &str, team: &str, parent: Option<&str>, at: &str| {
+        json!({"uuid": uuid, "model": model, "host": "lab-1", "labels": {"team": team, "env": "prod"},
+               "mig_parent_uuid": parent, "mig_profile": parent.map(|_| "3g.20gb"), "observed_at": at})
+    };
+    let body = json!({
+        "gpus": [
+            gpu(T, "Tesla T4", "nlp", None, "2026-12-02T08:00:00Z"),
+            gpu(M, "NVIDIA A100-SXM4-40GB", "vision", None, "2026-12-02T08:00:00Z"),
+            gpu(&m1, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "vision", Some(M), "2026-12-02T08:00:00Z"),
+            gpu(&m2, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "vision", Some(M), "2026-12-02T08:00:00Z"),
+            gpu(M, "NVIDIA A100-SXM4-40GB", "vision", None, "2026-12-02T10:00:00Z"),
+        ],
+        "samples": [
+            {"gpu_uuid": T, "ts": "2026-12-02T08:30:00Z", "util_pct": 80.0},
+            {"gpu_uuid": T, "ts": "2026-12-02T09:30:00Z", "util_pct": 2.0},
+            {"gpu_uuid": T, "ts": "2026-12-02T10:30:00Z", "util_pct": 3.0},
+            {"gpu_uuid": T, "ts": "2026-12-02T11:30:00Z", "util_pct": 60.0},
+        ],
+        "allocations": [
+            {"gpu_uuid": T, "start": "2026-12-02T08:00:00Z", "end": "2026-12-02T10:00:00Z", "workload": "nlp/a", "kind": "pod", "team": "nlp"},
+            {"gpu_uuid": T, "start": "2026-12-02T09:00:00Z", "end": "2026-12-02T12:00:00Z", "workload": "vision/b", "kind": "pod", "team": "vision"},
+            {"gpu_uuid": m1, "start": "2026-12-02T08:00:00Z", "end": null, "workload": "nlp/c", "kind": "pod", "team": "nlp"},
+            {"gpu_uuid": m2, "start": "2026-12-02T10:00:00Z", "end": null, "workload": "vision/d", "kind": "pod", "team": "vision"},
+        ],
+    });
+    let (status, reply) = app
+        .push(Some(&token), body.to_string().into_bytes(), false)
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rejected"], json!([]), "{reply}");
+    let window = "from=2026-12-02T08:00:00Z&to=2026-12-02T12:00:00Z";
+    let s = app
+        .get_json(&format!("/api/v1/summary?group_by=team&{window}"))
+        .await;
+    let group = |k: &str| {
+        s["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["key"] == k)
+            .unwrap_or_else(|| panic!("{k}: {s}"))
+            .clone()
+    };
+    let nlp = group("nlp");
+    // T: 4 present hours at $0.35; busy 08 (80 %) and 11 (60 %), idle 09 (2 %) and 10 (3 %),
+    // all four allocated; allocated-and-idle 09 and 10.
+    for (k, v) in [
+        ("gpus", json!(1)),
+        ("gpu_hours", json!(4)),
+        ("busy_hours", json!(2)),
+        ("idle_hours", json!(2)),
+        ("unknown_hours", json!(0)),
+        ("allocated_hours", json!(4)),
+        ("allocated_idle_hours", json!(2)),
+        ("cost_usd", json!(1.4)),
+        ("idle_cost_usd", json!(0.7)),
+        ("allocated_idle_cost_usd", json!(0.7)),
+    ] {
+        assert_eq!(nlp[k], v, "nlp {k}: {nlp}");
+    }
+    // M: 4 present hours at $4.0966, no whole-GPU activity in MIG mode (unknown, not idle),
+    // MIG instances are not extra GPUs and cost nothing on their own.
+    let vision = group("vision");
+    for (k, v) in [
+        ("gpus", json!(1)),
+        ("gpu_hours", json!(4)),
+        ("idle_hours", json!(0)),
+        ("unknown_hours", json!(4)),
+        ("cost_usd", json!(16.39)),
+        ("idle_cost_usd", json!(0.0)),
+    ] {
+        assert_eq!(vision[k], v, "vision {k}: {vision}");
+    }
+    // Used by: T's 09:00 hour split between nlp/a and vision/b; M's 10:00 and 11:00 hours
+    // split between the two MIG instances' pods.
+    // nlp: T 1 + 0.5 h = $0.525, M 2 + 0.5 + 0.5 h = 3 × $4.0966 = $12.2898 → 4.5 h, $12.81.
+    // vision: T 0.5 + 1 + 1 h = $0.875, M 0.5 + 0.5 h = $4.0966 → 3.5 h, $4.97.
+    let u = app.get_json(&format!("/api/v1/used-by?{window}")).await;
+    let used = |k: &str| {
+        u["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["team"] == k)
+            .unwrap_or_else(|| panic!("{k}: {u}"))
+            .clone()
+    };
+    assert_eq!(
+        (
+            used("nlp")["gpu_hours"].as_f64(),
+            used("nlp")["cost_usd"].as_f64()
+        ),
+        (Some(4.5), Some(12.81))
+    );
+    assert_eq!(
+        (
+            used("vision")["gpu_hours"].as_f64(),
+            used("vision")["cost_usd"].as_f64()
+        ),
+        (Some(3.5), Some(4.97))
+    );
+    assert_eq!(
+        u["items"].as_array().unwrap().len(),
+        2,
+        "no unallocated hour: {u}"
+    );
+    // The shares add up to the owners' cost, never more: 1.40 + 16.3864 = $17.79.
+    assert_eq!(u["cost_usd"].as_f64(), Some(17.79));
+    assert_eq!(s["total"]["cost_usd"].as_f64(), Some(17.79));
+}
