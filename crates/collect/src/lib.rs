@@ -98,6 +98,31 @@ pub trait Collector: Send + Sync {
     }
 }
 
+/// Now, to the second: sample times are keys, and sub-second noise only makes duplicates.
+pub(crate) fn now_secs() -> DateTime<Utc> {
+    use chrono::TimeZone;
+    Utc.timestamp_opt(Utc::now().timestamp(), 0)
+        .single()
+        .unwrap_or_else(Utc::now)
+}
+
+/// A setting within `lo..=hi`, or `default` when not given.
+pub(crate) fn in_range(
+    key: &str,
+    v: Option<u64>,
+    default: u64,
+    lo: u64,
+    hi: u64,
+) -> Result<u64, CollectError> {
+    match v {
+        None => Ok(default),
+        Some(v) if (lo..=hi).contains(&v) => Ok(v),
+        Some(v) => Err(CollectError::Config(format!(
+            "{key}: must be within {lo}..={hi}, got {v}"
+        ))),
+    }
+}
+
 /// The collector kinds this build knows.
 pub const KINDS: &[&str] = &[collectors::dcgm::KIND, collectors::kubernetes::KIND];
 

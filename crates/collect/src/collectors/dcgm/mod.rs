@@ -24,12 +24,15 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use gpuledger_model::{AllocationKind, Observation, Provenance, PushAllocation, PushGpu};
 use serde::Deserialize;
 
 use crate::http::get_bytes;
-use crate::{CollectError, CollectFuture, CollectReport, Collector, PartProblem, ReportFuture};
+use crate::{
+    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
+    ReportFuture,
+};
 use parse::{Hold, Mapped};
 
 /// The kind string: config `type`, module name, test module.
@@ -166,22 +169,6 @@ fn http_url(key: &str, s: &str) -> Result<String, CollectError> {
         ))),
         Err(e) => Err(CollectError::Config(format!(
             "{key}: `{s}` is not a URL ({e}); write it like http://HOST:PORT/PATH"
-        ))),
-    }
-}
-
-fn in_range(
-    key: &str,
-    v: Option<u64>,
-    default: u64,
-    lo: u64,
-    hi: u64,
-) -> Result<u64, CollectError> {
-    match v {
-        None => Ok(default),
-        Some(v) if (lo..=hi).contains(&v) => Ok(v),
-        Some(v) => Err(CollectError::Config(format!(
-            "{key}: must be within {lo}..={hi}, got {v}"
         ))),
     }
 }
@@ -609,13 +596,6 @@ fn all_failed(failed: Vec<PartProblem>) -> CollectError {
     }
 }
 
-/// Now, to the second: sample times are keys, and sub-second noise only makes duplicates.
-fn now_secs() -> DateTime<Utc> {
-    Utc.timestamp_opt(Utc::now().timestamp(), 0)
-        .single()
-        .unwrap_or_else(Utc::now)
-}
-
 impl Collector for DcgmCollector {
     fn kind(&self) -> &'static str {
         KIND
@@ -644,6 +624,7 @@ impl Collector for DcgmCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
 
     fn err(text: &str) -> String {
         DcgmConfig::from_toml(text).unwrap_err().to_string()

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use gpuledger_model::{
     placeholder_uuid, AllocationKind, HostGpus, Observation, Provenance, PushAllocation,
@@ -39,7 +39,10 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 
-use crate::{CollectError, CollectFuture, CollectReport, Collector, PartProblem, ReportFuture};
+use crate::{
+    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
+    ReportFuture,
+};
 use parse::PodGpus;
 
 /// The kind string: config `type`, module name, test module.
@@ -133,13 +136,6 @@ impl KubernetesConfig {
                 ))),
                 None => Ok(v),
             }
-        };
-        let in_range = |key: &str, v: Option<u64>, default: u64, lo: u64, hi: u64| match v {
-            None => Ok(default),
-            Some(v) if (lo..=hi).contains(&v) => Ok(v),
-            Some(v) => Err(CollectError::Config(format!(
-                "{key}: must be within {lo}..={hi}, got {v}"
-            ))),
         };
         let cluster = raw.cluster.unwrap_or_else(|| name.to_string());
         if cluster.trim().is_empty() {
@@ -613,13 +609,6 @@ where
             }
         }
     })
-}
-
-/// Now, to the second.
-fn now_secs() -> DateTime<Utc> {
-    Utc.timestamp_opt(Utc::now().timestamp(), 0)
-        .single()
-        .unwrap_or_else(Utc::now)
 }
 
 impl Collector for KubernetesCollector {
