@@ -151,6 +151,13 @@ pub struct AttributeProvenance {
     pub observed_at: DateTime<Utc>,
 }
 
+/// Sources that disagree on one attribute of a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conflict {
+    pub attribute: String,
+    pub values: Vec<AttributeProvenance>,
+}
+
 /// One clock hour of one GPU. `activity_pct` is `None` when no sample carried activity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HourPoint {
@@ -186,6 +193,10 @@ pub struct GpuDetail {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub provenance: Vec<AttributeProvenance>,
+    /// Attributes that sources disagree on (two sources give two teams), each with what every
+    /// source said. The primary source's value is the one kept; rules then decide in order.
+    #[serde(default)]
+    pub conflicts: Vec<Conflict>,
     pub mig_children: Vec<String>,
     pub hours: Vec<HourPoint>,
     pub allocations: Vec<Allocation>,

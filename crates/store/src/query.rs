@@ -283,10 +283,24 @@ impl Store {
         .iter()
         .map(|r| allocation_from_row(r, uuid.to_string()))
         .collect::<Result<Vec<_>>>()?;
+        let mut by_attr: BTreeMap<&str, Vec<&gpuledger_model::AttributeProvenance>> =
+            BTreeMap::new();
+        for p in &provenance {
+            by_attr.entry(p.attribute.as_str()).or_default().push(p);
+        }
+        let conflicts = by_attr
+            .into_iter()
+            .filter(|(_, v)| v.iter().any(|p| p.value != v[0].value))
+            .map(|(attribute, v)| gpuledger_model::Conflict {
+                attribute: attribute.to_string(),
+                values: v.into_iter().cloned().collect(),
+            })
+            .collect();
         Ok(Some(GpuDetail {
             gpu: self.view(rec, now.timestamp()),
             from: ts(window.from),
             to: ts(window.to),
+            conflicts,
             provenance,
             mig_children,
             hours,

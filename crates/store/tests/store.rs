@@ -93,6 +93,7 @@ both!(
     placeholder_replaced_by_real_gpu_on_same_host,
     placeholder_pool_allocations_move_to_exact_gpus,
     placeholder_host_alias_files_gpus_under_the_node,
+    ingest_sources_disagreeing_on_a_team_are_kept_and_shown,
     sources_report_freshness,
     gpus_list_filters_and_detail,
 );
@@ -707,6 +708,44 @@ async fn placeholder_host_alias_files_gpus_under_the_node(store: Store) {
     assert!(
         gpus.iter().all(|g| g.cluster.as_deref() == Some("qa")),
         "{gpus:?}"
+    );
+}
+
+async fn ingest_sources_disagreeing_on_a_team_are_kept_and_shown(store: Store) {
+    push(
+        &store,
+        &who("k8s", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T10:00:00Z"}}]}}"#
+        ),
+    )
+    .await;
+    push(
+        &store,
+        &who("cmdb", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","labels":{{"team":"vision","env":"prod"}},"observed_at":"2026-12-02T11:00:00Z"}}]}}"#
+        ),
+    )
+    .await;
+    let window = Window {
+        from: t("2026-12-02T00:00:00Z").timestamp(),
+        to: t("2026-12-03T00:00:00Z").timestamp(),
+    };
+    let d = store.gpu_detail(A, window, now()).await.unwrap().unwrap();
+    assert_eq!(d.gpu.team, "nlp", "the primary source's label is kept");
+    assert_eq!(d.gpu.env, "prod", "the other source filled the gap");
+    assert_eq!(d.conflicts.len(), 1, "{:?}", d.conflicts);
+    let c = &d.conflicts[0];
+    assert_eq!(c.attribute, "labels.team");
+    let said: Vec<(&str, &str)> = c
+        .values
+        .iter()
+        .map(|v| (v.source.as_str(), v.value.as_str()))
+        .collect();
+    assert!(
+        said.contains(&("k8s", "team=nlp")) && said.contains(&("cmdb", "team=vision")),
+        "{said:?}"
     );
 }
 

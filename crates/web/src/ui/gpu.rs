@@ -92,11 +92,26 @@ pub async fn gpu_page(
             opt(&g.instance_type),
             said_by("instance_type"),
         ),
-        (
-            "Owner (team)".into(),
-            g.team.clone(),
-            g.owner_reason.clone(),
-        ),
+        ("Owner (team)".into(), g.team.clone(), {
+            let mut why = g.owner_reason.clone();
+            for c in d
+                .conflicts
+                .iter()
+                .filter(|c| c.attribute == "labels.team" || c.attribute == "labels.env")
+            {
+                let said: Vec<String> = c
+                    .values
+                    .iter()
+                    .map(|v| format!("`{}` from {}", v.value, v.source))
+                    .collect();
+                why.push_str(&format!(
+                    "; sources disagree on {}: {} (the primary source's value is kept)",
+                    c.attribute,
+                    said.join(" vs ")
+                ));
+            }
+            why
+        }),
         ("Environment".into(), g.env.clone(), said_by("labels.env")),
         (
             "State".into(),
