@@ -529,7 +529,7 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<gpuledger_ledger::usedby::UsedBy>> {
-        use gpuledger_ledger::usedby::{used_by, GpuHours, HourAlloc};
+        use gpuledger_ledger::usedby::{used_by, GpuHours, HourAlloc, UNALLOCATED};
         let (lo, hi) = window.hours(now.timestamp());
         let (clause, binds) = filters.clause(1);
         let sql = format!(
@@ -584,19 +584,66 @@ impl Store {
                 });
             }
         }
-        let hours: Vec<(i64, i64)> = sqlx::query_as(
-            &self.sql("SELECT gpu_id, hour FROM gpu_hours WHERE hour >= $1 AND hour < $2"),
-        )
+        // Only GPUs someone held need their hours one by one; the others' present hours are
+        // counted in SQL and go to `unallocated` whole.
+        let counts: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
+            "SELECT gpu_id, COUNT(*) FROM gpu_hours WHERE hour >= $1 AND hour < $2 GROUP BY gpu_id",
+        ))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
-        for (gpu_id, hour) in hours {
-            if let Some(i) = by_id.get(&gpu_id) {
-                gpus[*i].hours.push(hour);
+        let (mut unheld_hours, mut unheld_usd) = (0.0, 0.0);
+        let mut held_ids = Vec::new();
+        for (gpu_id, n) in counts {
+            let Some(&i) = by_id.get(&gpu_id) else {
+                continue;
+            };
+            if gpus[i].allocations.is_empty() {
+                unheld_hours += n as f64;
+                unheld_usd += n as f64 * gpus[i].usd_per_hour.unwrap_or(0.0);
+            } else {
+                held_ids.push(gpu_id);
             }
         }
-        Ok(used_by(&gpus))
+        for chunk in held_ids.chunks(500) {
+            let marks: Vec<String> = (3..chunk.len() + 3).map(|n| format!("${n}")).collect();
+            let text = format!(
+                "SELECT gpu_id, hour FROM gpu_hours WHERE hour >= $1 AND hour < $2 \
+                 AND gpu_id IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&text);
+            let mut q = sqlx::query_as::<_, (i64, i64)>(&sql)
+                .persistent(false)
+                .bind(lo)
+                .bind(hi);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for (gpu_id, hour) in q.fetch_all(self.pool()).await? {
+                if let Some(&i) = by_id.get(&gpu_id) {
+                    gpus[i].hours.push(hour);
+                }
+            }
+        }
+        gpus.retain(|g| !g.hours.is_empty());
+        let mut rows = used_by(&gpus);
+        if unheld_hours > 0.0 {
+            match rows.iter_mut().find(|r| r.team == UNALLOCATED) {
+                Some(r) => {
+                    r.gpu_hours += unheld_hours;
+                    r.cost_usd += unheld_usd;
+                }
+                None => rows.push(gpuledger_ledger::usedby::UsedBy {
+                    team: UNALLOCATED.to_string(),
+                    gpu_hours: unheld_hours,
+                    cost_usd: unheld_usd,
+                }),
+            }
+            rows.sort_by(|a, b| a.team.cmp(&b.team));
+        }
+        Ok(rows)
     }
 }
 

@@ -673,4 +673,26 @@ async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
     // The shares add up to the owners' cost, never more: 1.40 + 16.3864 = $17.79.
     assert_eq!(u["cost_usd"].as_f64(), Some(17.79));
     assert_eq!(s["total"]["cost_usd"].as_f64(), Some(17.79));
+    // A GPU nobody held: its hours are `unallocated`, and the rows still add up to the cost.
+    let x = json!({"gpus": [{"uuid": "GPU-14000000-0000-0000-0000-0000000000l4", "model": "NVIDIA L4",
+        "labels": {"team": "nlp"}, "observed_at": "2026-12-02T08:00:00Z"}]});
+    assert_eq!(
+        app.push(Some(&token), x.to_string().into_bytes(), false)
+            .await
+            .0,
+        200
+    );
+    let u = app.get_json(&format!("/api/v1/used-by?{window}")).await;
+    let un = u["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["team"] == "unallocated")
+        .cloned();
+    // Present 08 and 09 (the 2 h stale window) at $0.8048: 1.6096.
+    assert_eq!(
+        un.map(|u| (u["gpu_hours"].as_f64(), u["cost_usd"].as_f64())),
+        Some((Some(2.0), Some(1.61)))
+    );
+    assert_eq!(u["cost_usd"].as_f64(), Some(19.4));
 }
