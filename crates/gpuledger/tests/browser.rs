@@ -113,13 +113,17 @@ async fn browser_filters_and_drill_down_match_the_api() {
     let stdout = child.stdout.take().unwrap();
     let _demo = Kill(child);
     let mut base = String::new();
-    for line in BufReader::new(stdout).lines() {
+    let mut lines = BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(url) = line.strip_prefix("dashboard:") {
             base = url.trim().trim_end_matches('/').to_string();
             break;
         }
     }
+    // Keep reading: the demo prints more lines after the URL, and a closed pipe would make
+    // its next print fail and the demo exit (the page then refuses connections).
+    std::thread::spawn(move || lines.for_each(drop));
     assert!(
         base.starts_with("http://127.0.0.1:"),
         "demo did not print its URL"
