@@ -370,6 +370,9 @@ async fn bench_pages(state: AppState, demo: &demo::Demo) -> anyhow::Result<()> {
         ("sources", "/sources".to_string()),
         ("api summary", "/api/v1/summary".to_string()),
         ("api gpus", "/api/v1/gpus".to_string()),
+        ("api used-by", "/api/v1/used-by".to_string()),
+        ("api savings", "/api/v1/savings".to_string()),
+        ("api teams", "/api/v1/teams".to_string()),
     ];
     println!(
         "{:<24} {:>10} {:>10} {:>10}",

@@ -508,16 +508,6 @@ impl Store {
     }
 }
 
-/// `gpu_id, mig_parent_uuid, start_ts, end_ts, workload, team` of an allocation.
-type AllocationRow = (
-    i64,
-    Option<String>,
-    i64,
-    Option<i64>,
-    String,
-    Option<String>,
-);
-
 impl Store {
     /// "Used by" in a window: each present hour of the physical GPUs matching `filters`
     /// (filters select owners) split among the workloads that held the GPU or its MIG
@@ -529,121 +519,88 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<gpuledger_ledger::usedby::UsedBy>> {
-        use gpuledger_ledger::usedby::{used_by, GpuHours, HourAlloc, UNALLOCATED};
+        use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
         let (lo, hi) = window.hours(now.timestamp());
         let (clause, binds) = filters.clause(1);
         let sql = format!(
-            "SELECT g.id, g.uuid, g.usd_per_hour FROM gpus g \
-             WHERE g.mig_parent_uuid IS NULL{clause}"
+            "SELECT g.id, g.usd_per_hour FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query_as::<_, (i64, String, Option<f64>)>(&sql).persistent(false);
+        let mut q = sqlx::query_as::<_, (i64, Option<f64>)>(&sql).persistent(false);
         for b in binds {
             q = q.bind(b);
         }
-        let physical = q.fetch_all(self.pool()).await?;
-        let by_uuid: HashMap<&str, usize> = physical
-            .iter()
-            .enumerate()
-            .map(|(i, (_, u, _))| (u.as_str(), i))
-            .collect();
-        let by_id: HashMap<i64, usize> = physical
-            .iter()
-            .enumerate()
-            .map(|(i, (id, _, _))| (*id, i))
-            .collect();
-        let mut gpus: Vec<GpuHours> = physical
-            .iter()
-            .map(|(_, _, rate)| GpuHours {
-                usd_per_hour: *rate,
-                hours: Vec::new(),
-                allocations: Vec::new(),
-            })
-            .collect();
-        let rows: Vec<AllocationRow> = sqlx::query_as(&self.sql(
-            "SELECT a.gpu_id, g.mig_parent_uuid, a.start_ts, a.end_ts, a.workload, a.team \
-                 FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
-                 WHERE a.start_ts < $2 AND (a.end_ts IS NULL OR a.end_ts > $1)",
-        ))
+        let rates: HashMap<i64, Option<f64>> =
+            q.fetch_all(self.pool()).await?.into_iter().collect();
+        // Each present hour with the workloads holding its GPU (a MIG instance's allocation
+        // holds its physical GPU), one row per workload; `n` holders share the hour evenly.
+        let held = "WITH a AS (\
+               SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, \
+               COALESCE(al.team, '') AS team \
+               FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
+               LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+               WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
+             x AS (\
+               SELECT h.gpu_id, h.hour, a.workload, MIN(a.team) AS team \
+               FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
+               AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
+               GROUP BY h.gpu_id, h.hour, a.workload), \
+             n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)";
+        let shares: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(&format!(
+            "{held} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+             FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
+        )))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
-        for (gpu_id, parent, start, end, workload, team) in rows {
-            // A MIG instance's allocation holds a share of its physical GPU.
-            let at = match &parent {
-                Some(p) => by_uuid.get(p.as_str()).copied(),
-                None => by_id.get(&gpu_id).copied(),
-            };
-            if let Some(i) = at {
-                gpus[i].allocations.push(HourAlloc {
-                    start,
-                    end,
-                    workload,
-                    team,
-                });
-            }
-        }
-        // Only GPUs someone held need their hours one by one; the others' present hours are
-        // counted in SQL and go to `unallocated` whole.
-        let counts: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
+        let held_hours: Vec<(i64, i64)> = sqlx::query_as(&self.sql(&format!(
+            "{held} SELECT gpu_id, COUNT(*) FROM n GROUP BY gpu_id"
+        )))
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(self.pool())
+        .await?;
+        let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, COUNT(*) FROM gpu_hours WHERE hour >= $1 AND hour < $2 GROUP BY gpu_id",
         ))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
-        let (mut unheld_hours, mut unheld_usd) = (0.0, 0.0);
-        let mut held_ids = Vec::new();
-        for (gpu_id, n) in counts {
-            let Some(&i) = by_id.get(&gpu_id) else {
+        let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for (gpu_id, team, share) in shares {
+            let Some(rate) = rates.get(&gpu_id) else {
                 continue;
             };
-            if gpus[i].allocations.is_empty() {
-                unheld_hours += n as f64;
-                unheld_usd += n as f64 * gpus[i].usd_per_hour.unwrap_or(0.0);
-            } else {
-                held_ids.push(gpu_id);
+            let team = match team.trim().to_ascii_lowercase() {
+                t if t.is_empty() => gpuledger_model::UNKNOWN.to_string(),
+                t => t,
+            };
+            let e = out.entry(team).or_default();
+            e.0 += share;
+            e.1 += share * rate.unwrap_or(0.0);
+        }
+        let held: HashMap<i64, i64> = held_hours.into_iter().collect();
+        for (gpu_id, n) in present {
+            let Some(rate) = rates.get(&gpu_id) else {
+                continue;
+            };
+            let free = n - held.get(&gpu_id).copied().unwrap_or(0);
+            if free > 0 {
+                let e = out.entry(UNALLOCATED.to_string()).or_default();
+                e.0 += free as f64;
+                e.1 += free as f64 * rate.unwrap_or(0.0);
             }
         }
-        for chunk in held_ids.chunks(500) {
-            let marks: Vec<String> = (3..chunk.len() + 3).map(|n| format!("${n}")).collect();
-            let text = format!(
-                "SELECT gpu_id, hour FROM gpu_hours WHERE hour >= $1 AND hour < $2 \
-                 AND gpu_id IN ({})",
-                marks.join(",")
-            );
-            let sql = self.sql(&text);
-            let mut q = sqlx::query_as::<_, (i64, i64)>(&sql)
-                .persistent(false)
-                .bind(lo)
-                .bind(hi);
-            for id in chunk {
-                q = q.bind(*id);
-            }
-            for (gpu_id, hour) in q.fetch_all(self.pool()).await? {
-                if let Some(&i) = by_id.get(&gpu_id) {
-                    gpus[i].hours.push(hour);
-                }
-            }
-        }
-        gpus.retain(|g| !g.hours.is_empty());
-        let mut rows = used_by(&gpus);
-        if unheld_hours > 0.0 {
-            match rows.iter_mut().find(|r| r.team == UNALLOCATED) {
-                Some(r) => {
-                    r.gpu_hours += unheld_hours;
-                    r.cost_usd += unheld_usd;
-                }
-                None => rows.push(gpuledger_ledger::usedby::UsedBy {
-                    team: UNALLOCATED.to_string(),
-                    gpu_hours: unheld_hours,
-                    cost_usd: unheld_usd,
-                }),
-            }
-            rows.sort_by(|a, b| a.team.cmp(&b.team));
-        }
-        Ok(rows)
+        Ok(out
+            .into_iter()
+            .map(|(team, (gpu_hours, cost_usd))| UsedBy {
+                team,
+                gpu_hours,
+                cost_usd,
+            })
+            .collect())
     }
 }
 

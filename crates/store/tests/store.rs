@@ -94,6 +94,7 @@ both!(
     placeholder_pool_allocations_move_to_exact_gpus,
     placeholder_host_alias_files_gpus_under_the_node,
     ingest_sources_disagreeing_on_a_team_are_kept_and_shown,
+    used_by_splits_shared_hours_and_sums_to_the_cost,
     sources_report_freshness,
     gpus_list_filters_and_detail,
 );
@@ -746,6 +747,55 @@ async fn ingest_sources_disagreeing_on_a_team_are_kept_and_shown(store: Store) {
     assert!(
         said.contains(&("k8s", "team=nlp")) && said.contains(&("cmdb", "team=vision")),
         "{said:?}"
+    );
+}
+
+async fn used_by_splits_shared_hours_and_sums_to_the_cost(store: Store) {
+    // A time-sliced T4 ($0.35/h) present 08–11, pods of nlp (08–10) and vision (09–) on it,
+    // the same vision pod reported twice (two sources), and a MIG GPU whose instance holds
+    // an nlp pod; an L4 nobody holds.
+    let p = who("lab", None);
+    push(
+        &store,
+        &p,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","observed_at":"2026-12-02T08:00:00Z"}},
+                {{"uuid":"{B}","model":"NVIDIA L4","observed_at":"2026-12-02T08:00:00Z"}},
+                {{"uuid":"{C}","model":"Tesla T4","observed_at":"2026-12-02T08:00:00Z"}},
+                {{"uuid":"{A_MIG}","model":"Tesla T4 MIG","mig_parent_uuid":"{C}","observed_at":"2026-12-02T08:00:00Z"}},
+                {{"uuid":"{A}","model":"Tesla T4","observed_at":"2026-12-02T10:00:00Z"}}],
+              "allocations":[
+                {{"gpu_uuid":"{A}","start":"2026-12-02T08:00:00Z","end":"2026-12-02T10:00:00Z","workload":"nlp/a","kind":"pod","team":"NLP"}},
+                {{"gpu_uuid":"{A}","start":"2026-12-02T09:00:00Z","workload":"vision/b","kind":"pod","team":"vision"}},
+                {{"gpu_uuid":"{A}","start":"2026-12-02T09:10:00Z","workload":"vision/b","kind":"pod","team":"vision"}},
+                {{"gpu_uuid":"{A_MIG}","start":"2026-12-02T08:30:00Z","workload":"nlp/c","kind":"pod"}}]}}"#
+        ),
+    )
+    .await;
+    let window = Window {
+        from: t("2026-12-02T08:00:00Z").timestamp(),
+        to: t("2026-12-02T12:00:00Z").timestamp(),
+    };
+    let rows = store
+        .used_by_cost(window, &Filters::default(), now())
+        .await
+        .unwrap();
+    let get = |team: &str| {
+        rows.iter()
+            .find(|r| r.team == team)
+            .map(|r| (r.gpu_hours, (r.cost_usd * 1e6).round() / 1e6))
+            .unwrap_or_else(|| panic!("{team}: {rows:?}"))
+    };
+    // A: 08 nlp; 09 nlp ½ + vision ½; 10, 11 vision. C: 08, 09 the unnamed team's pod.
+    assert_eq!(get("nlp"), (1.5, 0.525));
+    assert_eq!(get("vision"), (2.5, 0.875));
+    assert_eq!(get("unknown"), (2.0, 0.7), "the MIG pod names no team");
+    // B, and nothing else: 08 and 09 at $0.8048.
+    assert_eq!(get("unallocated"), (2.0, 1.6096));
+    let total: f64 = rows.iter().map(|r| r.cost_usd).sum();
+    assert!(
+        (total - (4.0 * 0.35 + 2.0 * 0.35 + 2.0 * 0.8048)).abs() < 1e-9,
+        "{rows:?}"
     );
 }
 
