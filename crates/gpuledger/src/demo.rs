@@ -98,6 +98,54 @@ pub const TEAMS: [&str; 8] = [
     "nlp", "vision", "speech", "recsys", "research", "platform", "search", "robotics",
 ];
 
+/// The demo's ownership rule: on the EKS cluster the owner comes from the node's `team` label
+/// through a named rule (the result equals the built-in label rule, so the fleet's figures do
+/// not depend on it, but the reason names the rule and the source value it matched).
+pub fn ownership_rules() -> gpuledger_ledger::OwnershipRules {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    gpuledger_ledger::OwnershipRules {
+        assignments: vec![],
+        rules: vec![Rule {
+            name: Some("eks node team label".into()),
+            when: vec![
+                (Attr::Cluster, "aws-use1-eks".into()),
+                (Attr::Label("team".into()), "*".into()),
+            ],
+            team: Some(Setting::From(Attr::Label("team".into()))),
+            env: None,
+        }],
+    }
+}
+
+/// The demo's team registry (`GET /api/v1/teams`).
+pub fn team_registry() -> BTreeMap<String, gpuledger_model::TeamInfo> {
+    let managers = [
+        "Ana Ruiz",
+        "Ken Ito",
+        "Lea Brandt",
+        "Omar Haddad",
+        "Priya Nair",
+        "Sam Okafor",
+        "Tomás Silva",
+        "Yun Park",
+    ];
+    TEAMS
+        .iter()
+        .zip(managers)
+        .enumerate()
+        .map(|(i, (t, m))| {
+            (
+                t.to_string(),
+                gpuledger_model::TeamInfo {
+                    display_name: Some(format!("{}{}", t[..1].to_uppercase(), &t[1..])),
+                    manager: Some(m.to_string()),
+                    cost_center: Some(format!("CC-{}", 4410 + 10 * i)),
+                },
+            )
+        })
+        .collect()
+}
+
 /// splitmix64: deterministic noise from a key, independent of call order.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);

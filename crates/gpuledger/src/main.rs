@@ -45,6 +45,17 @@ enum Command {
         #[command(subcommand)]
         command: ImportCommand,
     },
+    /// Re-decide every GPU's owner and environment with the config's current rules from DATE on,
+    /// rewriting the owner history after DATE (history before it keeps its owners). Without
+    /// this, a rule change applies from the hour the server starts with it.
+    Reattribute {
+        /// From when: a date (`2026-11-01`, midnight UTC) or an RFC 3339 time; rounded down to
+        /// the hour.
+        #[arg(long, value_parser = parse_from)]
+        from: chrono::DateTime<chrono::Utc>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// Validate a config file and print every problem with its location.
     CheckConfig {
         /// The config file (TOML).
@@ -243,6 +254,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     let mut settings = gpuledger_ledger::Settings::default();
     // The demo pushes its whole 30-day history as raw samples, so keep raw samples that long.
     settings.raw_retention_days = settings.raw_retention_days.max(args.days + 2);
+    settings.ownership = demo::ownership_rules();
     let url = args.database_url.clone().unwrap_or_else(|| {
         let path = std::env::temp_dir().join(format!("gpuledger-demo-{}.db", std::process::id()));
         path.display().to_string()
@@ -254,6 +266,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         store.clone(),
         WebConfig {
             demo: true,
+            teams: demo::team_registry(),
             ..Default::default()
         },
     );
@@ -450,6 +463,31 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--from`: `YYYY-MM-DD` (midnight UTC) or RFC 3339.
+fn parse_from(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.to_utc())
+        .map_err(|e| format!("`{s}` is neither a date (2026-11-01) nor an RFC 3339 time: {e}"))
+}
+
+async fn reattribute(from: chrono::DateTime<chrono::Utc>, db: DbArgs) -> anyhow::Result<()> {
+    let cfg = load_config(db.config.as_ref())?;
+    let url = database_url(db.database_url, &cfg);
+    let store = Store::open(&url, cfg.settings)
+        .await
+        .with_context(|| format!("opening database {url}"))?;
+    let changed = store.reattribute(from).await?;
+    store.close().await;
+    println!(
+        "re-attributed {changed} GPU(s) from {} with the current rules",
+        from.format("%Y-%m-%d %H:00 UTC")
+    );
+    Ok(())
+}
+
 async fn import_billing(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
     use chrono::{Datelike, TimeZone};
     let cfg = load_config(db.config.as_ref())?;
@@ -486,7 +524,7 @@ async fn import_billing(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
         };
         windows.insert(
             l.month.clone(),
-            store.gpu_windows(window, &filters, now).await?,
+            store.gpu_totals(window, &filters, now).await?,
         );
     }
     // A cloud instance ID (from a Kubernetes node's providerID) names its host.
@@ -589,6 +627,7 @@ fn main() -> std::process::ExitCode {
             Command::Collect(a) => collect(a).await,
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
+            Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {
                 command: ImportCommand::Billing { file, db },
             } => import_billing(file, db).await,

@@ -578,3 +578,62 @@ fn import_billing_reconciles_focus_lines_with_gpus() {
     }
     assert!(!r["teams"].as_array().unwrap().is_empty());
 }
+
+/// `reattribute --from DATE` re-decides owners with the config's current rules from DATE on;
+/// a second run changes nothing, and a bad date is named.
+#[test]
+fn reattribute_applies_changed_rules_to_history_from_a_date() {
+    let dir = tempdir("reattribute");
+    let db = dir.join("demo.db");
+    let out = bin()
+        .args(["demo", "--load-only", "--days", "2", "--database-url"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg = dir.join("gpuledger.toml");
+    std::fs::write(
+        &cfg,
+        "[[ownership.rules]]\nname = \"aws\"\nwhen = { cloud = \"aws\" }\nteam = \"platform\"\n",
+    )
+    .unwrap();
+    let from = (chrono::Utc::now() - chrono::Duration::days(2))
+        .format("%Y-%m-%d")
+        .to_string();
+    let run = |from: &str| {
+        bin()
+            .args(["reattribute", "--from", from, "--config"])
+            .arg(&cfg)
+            .arg("--database-url")
+            .arg(&db)
+            .output()
+            .unwrap()
+    };
+    let out = run(&from);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let n: u64 = said
+        .strip_prefix("re-attributed ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(n > 0, "the demo has AWS GPUs owned by other teams: {said}");
+    let again = String::from_utf8_lossy(&run(&from).stdout).to_string();
+    assert!(again.starts_with("re-attributed 0 GPU(s)"), "{again}");
+    let bad = run("last tuesday");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("is neither a date (2026-11-01) nor an RFC 3339 time"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

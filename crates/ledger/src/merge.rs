@@ -36,6 +36,89 @@ pub struct GpuRecord {
     pub env: String,
     pub owner_reason: String,
     pub rate: Rate,
+    /// Where each current attribute value came from, keyed `model`, `host`, ..., `label.<key>`.
+    pub seen: BTreeMap<String, Seen>,
+}
+
+/// The source that gave an attribute its current value, and when it last reported it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Seen {
+    pub value: String,
+    pub source: String,
+    pub at: DateTime<Utc>,
+}
+
+impl GpuRecord {
+    /// The current value of an attribute, by its `seen` key.
+    fn attr_value(&self, key: &str) -> Option<String> {
+        match key {
+            "model" => Some(self.model.clone()),
+            "memory_mib" => self.memory_mib.map(|m| m.to_string()),
+            "host" => self.host.clone(),
+            "cluster" => self.cluster.clone(),
+            "cloud" => self.cloud.clone(),
+            "region" => self.region.clone(),
+            "instance_type" => self.instance_type.clone(),
+            _ => key
+                .strip_prefix("label.")
+                .and_then(|k| self.labels.get(k).cloned()),
+        }
+    }
+
+    /// Note that `source` reported these attributes at `at`: an attribute whose value is now the
+    /// reported one is credited to the source that first gave that value, and that source's
+    /// later reports refresh the time.
+    fn note_seen(&mut self, reported: &[(String, String)], source: &str, at: DateTime<Utc>) {
+        for (key, value) in reported {
+            if self.attr_value(key).as_deref() != Some(value.as_str()) {
+                continue;
+            }
+            let fresh = match self.seen.get(key) {
+                None => true,
+                Some(s) => s.value != *value || (s.source == source && at > s.at),
+            };
+            if fresh {
+                self.seen.insert(
+                    key.clone(),
+                    Seen {
+                        value: value.clone(),
+                        source: source.to_string(),
+                        at,
+                    },
+                );
+            }
+        }
+        let keep: Vec<String> = self
+            .seen
+            .keys()
+            .filter(|k| self.attr_value(k).is_some())
+            .cloned()
+            .collect();
+        self.seen.retain(|k, _| keep.contains(k));
+    }
+}
+
+/// The attributes of a report that ownership rules may read, keyed as in [`GpuRecord::seen`].
+fn reported(g: &PushGpu) -> Vec<(String, String)> {
+    let mut out = vec![("model".to_string(), g.model.clone())];
+    let opt = [
+        ("memory_mib", g.memory_mib.map(|m| m.to_string())),
+        ("host", g.host.clone()),
+        ("cluster", g.cluster.clone()),
+        ("cloud", g.cloud.map(|c| c.as_str().to_string())),
+        ("region", g.region.clone()),
+        ("instance_type", g.instance_type.clone()),
+    ];
+    out.extend(
+        opt.into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k.to_string(), v))),
+    );
+    out.extend(
+        g.labels
+            .iter()
+            .map(|(k, v)| (format!("label.{k}"), v.clone())),
+    );
+    out
 }
 
 impl GpuRecord {
@@ -52,6 +135,7 @@ impl GpuRecord {
             instance_type: self.instance_type.as_deref(),
             model: &self.model,
             source: &self.source,
+            seen: Some(&self.seen),
         });
         self.team = o.team;
         self.env = o.env;
@@ -132,6 +216,7 @@ pub fn merge_gpu(
                 usd_per_hour: None,
                 origin: gpuledger_model::RateOrigin::Unknown,
             },
+            seen: BTreeMap::new(),
         },
         Some(old) => {
             let primary = old.source == source;
@@ -171,9 +256,11 @@ pub fn merge_gpu(
                 env: String::new(),
                 owner_reason: String::new(),
                 rate: old.rate.clone(),
+                seen: old.seen.clone(),
             }
         }
     };
+    rec.note_seen(&reported(g), source, seen);
     rec.rederive(settings);
     rec
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use gpuledger_model::{UNKNOWN, UNOWNED};
 
+use crate::merge::Seen;
 use crate::rates::glob_match;
 
 /// Who owns a GPU, in which environment, and why.
@@ -64,6 +65,20 @@ impl Attr {
         })
     }
 
+    /// The key of this attribute in [`crate::GpuRecord::seen`].
+    fn seen_key(&self) -> Option<String> {
+        Some(match self {
+            Attr::Label(k) => format!("label.{k}"),
+            Attr::Host => "host".into(),
+            Attr::Cluster => "cluster".into(),
+            Attr::Cloud => "cloud".into(),
+            Attr::Region => "region".into(),
+            Attr::InstanceType => "instance_type".into(),
+            Attr::Model => "model".into(),
+            Attr::Source | Attr::Uuid => return None,
+        })
+    }
+
     fn name(&self) -> String {
         match self {
             Attr::Label(k) => format!("label `{k}`"),
@@ -91,9 +106,29 @@ pub struct GpuFacts<'a> {
     pub instance_type: Option<&'a str>,
     pub model: &'a str,
     pub source: &'a str,
+    /// Which source gave each attribute its value, and when it last reported it.
+    pub seen: Option<&'a BTreeMap<String, Seen>>,
 }
 
 impl GpuFacts<'_> {
+    /// `label `team` `nlp` (from source rdu-k8s, seen 2026-12-02 11:02 UTC)`: an attribute's
+    /// value with where it came from, when known.
+    fn evidence(&self, a: &Attr, v: &str) -> (String, Option<String>) {
+        (format!("{} `{v}`", a.name()), self.provenance(a, v))
+    }
+
+    /// ` (from source rdu-k8s, seen 2026-12-02 11:02 UTC)`, when the store knows it.
+    fn provenance(&self, a: &Attr, v: &str) -> Option<String> {
+        let s = self.seen?.get(&a.seen_key()?)?;
+        (s.value.trim() == v).then(|| {
+            format!(
+                " (from source {}, seen {})",
+                s.source,
+                s.at.format("%Y-%m-%d %H:%M UTC")
+            )
+        })
+    }
+
     fn get(&self, a: &Attr) -> Option<&str> {
         match a {
             Attr::Label(k) => self.labels.get(k).map(String::as_str),
@@ -191,7 +226,7 @@ impl OwnershipRules {
             let mut matched = Vec::new();
             let all = r.when.iter().all(|(attr, pattern)| match g.get(attr) {
                 Some(v) if glob_match(pattern, v) => {
-                    matched.push(format!("{} `{v}`", attr.name()));
+                    matched.push(g.evidence(attr, v));
                     true
                 }
                 _ => false,
@@ -203,16 +238,19 @@ impl OwnershipRules {
                 Some(n) => format!("rule {} `{n}`", i + 1),
                 None => format!("rule {}", i + 1),
             };
-            let pick = |s: &Option<Setting>, matched: &[String]| -> Option<(String, String)> {
+            let pick = |s: &Option<Setting>,
+                        matched: &[(String, Option<String>)]|
+             -> Option<(String, String)> {
                 let (value, from) = match s.as_ref()? {
                     Setting::Name(n) => (clean(n)?, None),
                     Setting::From(a) => {
                         let v = g.get(a)?;
-                        (clean(v)?, Some(format!("{} `{v}`", a.name())))
+                        (clean(v)?, Some(g.evidence(a, v)))
                     }
                 };
-                let mut why: Vec<String> = matched.to_vec();
+                let mut why: Vec<(String, Option<String>)> = matched.to_vec();
                 why.extend(from.filter(|f| !matched.contains(f)));
+                let why = join_evidence(&why);
                 let why = if why.is_empty() {
                     label.clone()
                 } else {
@@ -232,9 +270,17 @@ impl OwnershipRules {
             if slot.is_some() {
                 continue;
             }
-            if let Some(v) = g.get(&attr).and_then(clean) {
+            if let Some(raw) = g.get(&attr) {
+                let Some(v) = clean(raw) else { continue };
                 let Attr::Label(k) = &attr else { continue };
-                *slot = Some((v.clone(), format!("label `{k}={v}` on the GPU record")));
+                let from = g.provenance(&attr, raw);
+                *slot = Some((
+                    v.clone(),
+                    format!(
+                        "label `{k}={v}`{}",
+                        from.unwrap_or_else(|| " on the GPU record".into())
+                    ),
+                ));
             }
         }
         let owner_part = match &team {
@@ -253,6 +299,28 @@ impl OwnershipRules {
                 g.source
             ),
         }
+    }
+}
+
+/// `cluster `rdu-1`, host `dgx-2` (from source agent, seen …)`: where every value came from
+/// the same report, it is said once at the end; otherwise after each value.
+fn join_evidence(items: &[(String, Option<String>)]) -> Vec<String> {
+    let shared = items
+        .first()
+        .and_then(|f| f.1.as_ref())
+        .filter(|p| items.iter().all(|i| i.1.as_ref() == Some(*p)));
+    match shared {
+        Some(p) if items.len() > 1 => {
+            let mut out: Vec<String> = items.iter().map(|i| i.0.clone()).collect();
+            if let Some(last) = out.last_mut() {
+                last.push_str(p);
+            }
+            out
+        }
+        _ => items
+            .iter()
+            .map(|(t, p)| format!("{t}{}", p.as_deref().unwrap_or_default()))
+            .collect(),
     }
 }
 
@@ -343,6 +411,7 @@ mod tests {
             instance_type: Some("p5.48xlarge"),
             model: "NVIDIA H100 80GB HBM3",
             source: "rdu-k8s",
+            seen: None,
         }
     }
 

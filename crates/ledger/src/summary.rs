@@ -81,11 +81,40 @@ impl GpuWindow {
     }
 }
 
+/// Fold rows of the same GPU (one per owner period, in time order) into one row per GPU: counts
+/// add up, the highest memory use wins, and the team and environment are the latest period's.
+pub fn per_gpu(rows: Vec<GpuWindow>) -> Vec<GpuWindow> {
+    let mut out: Vec<GpuWindow> = Vec::with_capacity(rows.len());
+    for w in rows {
+        match out.last_mut() {
+            Some(last) if last.uuid == w.uuid => {
+                last.present_hours += w.present_hours;
+                last.busy_hours += w.busy_hours;
+                last.idle_hours += w.idle_hours;
+                last.allocated_hours += w.allocated_hours;
+                last.allocated_idle_hours += w.allocated_idle_hours;
+                last.known_hours += w.known_hours;
+                last.activity_sum += w.activity_sum;
+                last.mem_max_mib = match (last.mem_max_mib, w.mem_max_mib) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+                last.team = w.team;
+                last.env = w.env;
+            }
+            _ => out.push(w),
+        }
+    }
+    out
+}
+
 #[derive(Default)]
 struct Acc {
     g: SummaryGroup,
     activity_sum: f64,
     known_hours: i64,
+    /// GPUs counted, so a GPU with two owner periods in a group counts once.
+    uuids: std::collections::BTreeSet<String>,
 }
 
 impl Acc {
@@ -94,7 +123,9 @@ impl Acc {
             return;
         }
         let g = &mut self.g;
-        g.gpus += 1;
+        if self.uuids.insert(w.uuid.clone()) {
+            g.gpus += 1;
+        }
         g.gpu_hours += w.present_hours;
         g.busy_hours += w.busy_hours;
         g.idle_hours += w.idle_hours;
@@ -175,7 +206,10 @@ mod tests {
     fn unknown_hours_are_left_out_of_average_and_unpriced_hours_of_cost() {
         let ws = [
             w("a", Some(2.0), 10, 4, 2, 4.0 * 50.0 + 2.0 * 1.0),
-            w("a", None, 5, 0, 0, 0.0),
+            GpuWindow {
+                uuid: "GPU-2".into(),
+                ..w("a", None, 5, 0, 0, 0.0)
+            },
             w("b", Some(1.0), 0, 0, 0, 0.0),
         ];
         let (groups, total) = summarize(&ws, GroupBy::Team);
@@ -190,5 +224,39 @@ mod tests {
         assert_eq!(total.gpus, 2);
         let (_, none) = summarize(&[w("x", None, 3, 0, 0, 0.0)], GroupBy::Team);
         assert_eq!(none.avg_activity_pct, None);
+    }
+
+    /// A GPU that changed owner in the window has a row per owner: each team gets its hours,
+    /// the total counts the GPU once, and the per-GPU fold keeps the latest owner.
+    #[test]
+    fn a_gpu_with_two_owners_splits_its_hours_and_counts_once() {
+        let rows = vec![
+            w("nlp", Some(2.0), 3, 3, 0, 150.0),
+            GpuWindow {
+                mem_max_mib: Some(10.0),
+                ..w("vision", Some(2.0), 2, 1, 1, 51.0)
+            },
+        ];
+        let (groups, total) = summarize(&rows, GroupBy::Team);
+        let got: Vec<_> = groups
+            .iter()
+            .map(|g| (g.key.as_str(), g.gpus, g.gpu_hours, g.cost_usd))
+            .collect();
+        assert_eq!(got, [("nlp", 1, 3, 6.0), ("vision", 1, 2, 4.0)]);
+        assert_eq!((total.gpus, total.gpu_hours, total.cost_usd), (1, 5, 10.0));
+        let one = per_gpu(rows);
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            (
+                one[0].team.as_str(),
+                one[0].present_hours,
+                one[0].busy_hours
+            ),
+            ("vision", 5, 4)
+        );
+        assert_eq!(
+            (one[0].activity_sum, one[0].mem_max_mib),
+            (201.0, Some(10.0))
+        );
     }
 }

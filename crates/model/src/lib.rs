@@ -10,8 +10,9 @@ pub mod view;
 pub use observation::{HostGpus, Observation, Provenance};
 pub use push::{AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample};
 pub use view::{
-    Allocation, AttributeProvenance, Conflict, GpuDetail, GpuState, GpuView, HourPoint, Rate,
-    RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup, TeamInfo, UNKNOWN, UNOWNED,
+    Allocation, AttributeProvenance, Conflict, GpuDetail, GpuState, GpuView, HourPoint,
+    OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup, TeamInfo,
+    UNKNOWN, UNOWNED,
 };
 
 /// Seconds in an hour: rollups are per clock hour (UTC).

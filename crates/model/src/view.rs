@@ -197,9 +197,24 @@ pub struct GpuDetail {
     /// source said. The primary source's value is the one kept; rules then decide in order.
     #[serde(default)]
     pub conflicts: Vec<Conflict>,
+    /// Who owned the GPU when, oldest first; the last period is open (`to` is null).
+    #[serde(default)]
+    pub owner_history: Vec<OwnerPeriod>,
     pub mig_children: Vec<String>,
     pub hours: Vec<HourPoint>,
     pub allocations: Vec<Allocation>,
+}
+
+/// One period of a GPU's owner history: `[from, to)`, hour-aligned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnerPeriod {
+    /// Null for the first period: it covers all history before the first change.
+    pub from: Option<DateTime<Utc>>,
+    /// Null while the period is open.
+    pub to: Option<DateTime<Utc>>,
+    pub team: String,
+    pub env: String,
+    pub reason: String,
 }
 
 /// Freshness of a source.

@@ -60,6 +60,11 @@ pub struct UsedBy {
     pub allocated_hours: f64,
 }
 
+/// ` JOIN gpu_owners o ...`: the owner period of GPU `gpu` at time `at` (SQL expressions).
+fn owner_join(gpu: &str, at: &str) -> String {
+    format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= {at} AND o.to_ts > {at}")
+}
+
 fn ts(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
 }
@@ -67,6 +72,23 @@ fn ts(secs: i64) -> DateTime<Utc> {
 impl Store {
     fn filtered_ids_clause(&self, filters: &Filters, first: usize) -> (String, Vec<String>) {
         filters.clause(first)
+    }
+
+    /// Filters with team and environment read from the owner at time `at` of GPU `gpu` (SQL
+    /// expressions): the join to add after the FROM list, then the clause.
+    fn owned_clause(
+        &self,
+        filters: &Filters,
+        first: usize,
+        gpu: &str,
+        at: &str,
+    ) -> (String, String, Vec<String>) {
+        if !filters.by_owner() {
+            let (clause, binds) = filters.clause(first);
+            return (String::new(), clause, binds);
+        }
+        let (clause, binds) = filters.clause_with(first, "o");
+        (owner_join(gpu, at), clause, binds)
     }
 
     /// Fleet series over the window in buckets of an hour (`daily = false`) or a day.
@@ -78,19 +100,24 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let (clause, binds) = self.filtered_ids_clause(filters, 4);
+        let (join_d, clause_d, binds_d) = self.owned_clause(filters, 4, "d.gpu_id", "d.day");
+        let (join_h, clause_h, binds_h) = self.owned_clause(filters, 4, "h.gpu_id", "h.hour");
+        // A day bucket counts a GPU under its owner at the start of the day.
+        let binds = if daily { binds_d } else { binds_h };
         let sql = if daily {
+            let (join, clause) = (join_d, clause_d);
             format!(
                 "SELECT d.day AS t, COUNT(*) AS gpus, CAST(SUM(d.present_hours) AS BIGINT) AS present, \
                  CAST(SUM(d.known_hours - d.idle_hours) AS BIGINT) AS busy, \
                  CAST(SUM(d.idle_hours) AS BIGINT) AS idle, CAST(SUM(d.known_hours) AS BIGINT) AS known, \
                  CAST(SUM(d.allocated_hours) AS BIGINT) AS alloc, \
                  CAST(SUM(d.act_sum) AS DOUBLE PRECISION) AS act \
-                 FROM gpu_days d JOIN gpus g ON g.id = d.gpu_id \
+                 FROM gpu_days d JOIN gpus g ON g.id = d.gpu_id{join} \
                  WHERE d.day >= $1 AND d.day < $2 AND $3 = $3 AND g.mig_parent_uuid IS NULL{clause} \
                  GROUP BY d.day ORDER BY d.day"
             )
         } else {
+            let (join, clause) = (join_h, clause_h);
             format!(
                 "SELECT h.hour AS t, COUNT(*) AS gpus, COUNT(*) AS present, \
                  CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum >= $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS busy, \
@@ -98,7 +125,7 @@ impl Store {
                  CAST(SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS BIGINT) AS known, \
                  CAST(SUM(h.allocated) AS BIGINT) AS alloc, \
                  CAST(SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS DOUBLE PRECISION) AS act \
-                 FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id \
+                 FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
                  WHERE h.hour >= $1 AND h.hour < $2 AND g.mig_parent_uuid IS NULL{clause} \
                  GROUP BY h.hour ORDER BY h.hour"
             )
@@ -143,7 +170,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Heatmap> {
         let (lo, hi) = window.hours(now.timestamp());
-        let (clause, binds) = self.filtered_ids_clause(filters, 3);
+        let (join, clause, binds) = self.owned_clause(filters, 3, "h.gpu_id", "h.hour");
         // Sum per clock hour in SQL (a streaming scan of the covering hour index) and fold the
         // hours into weekday × hour of day here. Without filters, skip the join: MIG instances
         // are the only GPUs to leave out, and they are few.
@@ -153,8 +180,8 @@ impl Store {
                 .to_string()
         } else {
             format!(
-                "FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id WHERE h.hour >= $1 AND h.hour < $2 \
-                 AND h.act_n > 0 AND g.mig_parent_uuid IS NULL{clause}"
+                "FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} WHERE h.hour >= $1 \
+                 AND h.hour < $2 AND h.act_n > 0 AND g.mig_parent_uuid IS NULL{clause}"
             )
         };
         let sql = format!(
@@ -226,17 +253,18 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let (clause, binds) = self.filtered_ids_clause(filters, 4);
+        let (clause, binds) = filters.clause_with(4, "o");
+        let join = owner_join("h.gpu_id", "h.hour");
         let sql = format!(
-            "SELECT a.workload, a.kind, a.team AS used_by, g.team AS owner, \
+            "SELECT a.workload, a.kind, a.team AS used_by, o.team AS owner, \
              COUNT(DISTINCT h.gpu_id) AS gpus, COUNT(*) AS hours, \
              CAST(SUM(COALESCE(g.usd_per_hour, 0)) AS DOUBLE PRECISION) AS cost \
-             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id \
+             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
              JOIN allocations a ON a.gpu_id = h.gpu_id AND a.start_ts < h.hour + 3600 \
              AND (a.end_ts IS NULL OR a.end_ts > h.hour) \
              WHERE h.hour >= $1 AND h.hour < $2 AND h.allocated = 1 AND h.act_n > 0 \
              AND h.act_sum < $3 * h.act_n AND g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY a.workload, a.kind, a.team, g.team"
+             GROUP BY a.workload, a.kind, a.team, o.team"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql)

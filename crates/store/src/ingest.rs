@@ -16,7 +16,7 @@ use serde::Serialize;
 use sqlx::{Any, Transaction};
 
 use crate::query::{gpu_from_row, GPU_COLUMNS};
-use crate::{Result, Store};
+use crate::{Result, Store, OPEN_END};
 
 /// Who is writing: a token's source and, when scoped, its teams.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,7 +205,8 @@ impl Store {
             }
             let is_new = existing.is_none();
             let unchanged = existing == Some(&merged);
-            let id = self.upsert_gpu(&mut tx, &merged).await?;
+            let owner_at = owner_changed(existing, &merged).then(|| g.observed_at.timestamp());
+            let id = self.upsert_gpu(&mut tx, &merged, owner_at).await?;
             self.record_attributes(&mut tx, id, &who.source, g).await?;
             if is_new {
                 if let Some(host) = &merged.host {
@@ -489,7 +490,8 @@ impl Store {
                 continue;
             }
             rec.last_seen = rec.last_seen.max(observed_at);
-            let id = self.upsert_gpu(&mut tx, &rec).await?;
+            let owner_at = owner_changed(old, &rec).then(|| observed_at.timestamp());
+            let id = self.upsert_gpu(&mut tx, &rec, owner_at).await?;
             self.record_attributes(&mut tx, id, &who.source, &g).await?;
             mark_presence(
                 touched.entry(id).or_default(),
@@ -737,18 +739,22 @@ impl Store {
         Ok(out)
     }
 
+    /// Write a GPU; with `owner_at`, its owner changed at that time (or it is new) and the owner
+    /// history follows (see [`Store::record_owner`]).
     pub(crate) async fn upsert_gpu(
         &self,
         tx: &mut Transaction<'_, Any>,
         r: &GpuRecord,
+        owner_at: Option<i64>,
     ) -> Result<i64> {
         let labels = serde_json::to_string(&r.labels).unwrap_or_else(|_| "{}".into());
+        let seen = serde_json::to_string(&r.seen).unwrap_or_else(|_| "{}".into());
         let origin = serde_json::to_string(&r.rate.origin).unwrap_or_else(|_| "{}".into());
         let id: i64 = sqlx::query_scalar(&self.sql(
             "INSERT INTO gpus (uuid, model, memory_mib, host, cluster, cloud, region, instance_type, \
              serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
-             first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin) \
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22) \
+             first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen) \
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23) \
              ON CONFLICT (uuid) DO UPDATE SET model = excluded.model, memory_mib = excluded.memory_mib, \
              host = excluded.host, cluster = excluded.cluster, cloud = excluded.cloud, \
              region = excluded.region, instance_type = excluded.instance_type, serial = excluded.serial, \
@@ -757,7 +763,7 @@ impl Store {
              placeholder = excluded.placeholder, first_seen = excluded.first_seen, \
              last_seen = excluded.last_seen, team = excluded.team, env = excluded.env, \
              owner_reason = excluded.owner_reason, usd_per_hour = excluded.usd_per_hour, \
-             rate_origin = excluded.rate_origin RETURNING id",
+             rate_origin = excluded.rate_origin, attr_seen = excluded.attr_seen RETURNING id",
         ))
         .bind(r.uuid.clone())
         .bind(r.model.clone())
@@ -781,9 +787,87 @@ impl Store {
         .bind(r.owner_reason.clone())
         .bind(r.rate.usd_per_hour)
         .bind(origin)
+        .bind(seen)
         .fetch_one(&mut **tx)
         .await?;
+        if let Some(at) = owner_at {
+            self.record_owner(tx, id, r, at).await?;
+        }
         Ok(id)
+    }
+
+    /// Keep the owner history in step with a GPU's current owner: a GPU's first period covers
+    /// all its history; a change of team or environment closes the open period at the hour of
+    /// `at` and opens a new one (a second change within the same hour replaces the first). A
+    /// period keeps the reason that opened it; the GPU's record has the latest one.
+    async fn record_owner(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        id: i64,
+        r: &GpuRecord,
+        at: i64,
+    ) -> Result<()> {
+        let open: Option<(i64, String, String)> = sqlx::query_as(
+            &self.sql("SELECT from_ts, team, env FROM gpu_owners WHERE gpu_id = $1 AND to_ts = $2"),
+        )
+        .bind(id)
+        .bind(OPEN_END)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let at = hour_floor(at).max(0);
+        match open {
+            None => {
+                sqlx::query(&self.sql(
+                    "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
+                     VALUES ($1, 0, $2, $3, $4, $5)",
+                ))
+                .bind(id)
+                .bind(OPEN_END)
+                .bind(r.team.clone())
+                .bind(r.env.clone())
+                .bind(r.owner_reason.clone())
+                .execute(&mut **tx)
+                .await?;
+            }
+            Some((_, team, env)) if team == r.team && env == r.env => {}
+            Some((from, ..)) if at <= from => {
+                sqlx::query(&self.sql(
+                    "UPDATE gpu_owners SET team = $3, env = $4, reason = $5 \
+                     WHERE gpu_id = $1 AND from_ts = $2",
+                ))
+                .bind(id)
+                .bind(from)
+                .bind(r.team.clone())
+                .bind(r.env.clone())
+                .bind(r.owner_reason.clone())
+                .execute(&mut **tx)
+                .await?;
+            }
+            Some((from, ..)) => {
+                sqlx::query(
+                    &self
+                        .sql("UPDATE gpu_owners SET to_ts = $3 WHERE gpu_id = $1 AND from_ts = $2"),
+                )
+                .bind(id)
+                .bind(from)
+                .bind(at)
+                .execute(&mut **tx)
+                .await?;
+                sqlx::query(&self.sql(
+                    "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                ))
+                .bind(id)
+                .bind(at)
+                .bind(OPEN_END)
+                .bind(r.team.clone())
+                .bind(r.env.clone())
+                .bind(r.owner_reason.clone())
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// A real GPU first reported on `host` takes over one placeholder of that host: its hours
@@ -845,6 +929,7 @@ impl Store {
             "allocations",
             "gpu_attrs",
             "samples",
+            "gpu_owners",
         ] {
             sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE gpu_id = $1")))
                 .bind(ph_id)
@@ -1079,6 +1164,11 @@ type StoredAllocation = (
     Option<String>,
     Option<String>,
 );
+
+/// Whether a write changes a GPU's owner or environment (a new GPU has none yet).
+fn owner_changed(old: Option<&GpuRecord>, new: &GpuRecord) -> bool {
+    old.is_none_or(|o| o.team != new.team || o.env != new.env)
+}
 
 fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
     let mut h = hour_floor(ts);

@@ -57,6 +57,9 @@ pub struct Store {
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
+/// The end of an open owner period (year 10000), so periods join on a plain range.
+pub(crate) const OPEN_END: i64 = 253_402_300_800;
+
 const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
         1,
@@ -67,6 +70,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "kubernetes",
         include_str!("../migrations/sqlite/0002_kubernetes.sql"),
+    ),
+    (
+        3,
+        "owner_history",
+        include_str!("../migrations/sqlite/0003_owner_history.sql"),
     ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -79,6 +87,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "kubernetes",
         include_str!("../migrations/postgres/0002_kubernetes.sql"),
+    ),
+    (
+        3,
+        "owner_history",
+        include_str!("../migrations/postgres/0003_owner_history.sql"),
     ),
 ];
 

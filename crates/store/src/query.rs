@@ -9,16 +9,17 @@ use chrono::{DateTime, TimeZone, Utc};
 use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
 use gpuledger_model::{
     day_floor, hour_floor, Allocation, AttributeProvenance, GpuDetail, GpuState, GpuView,
-    HourPoint, Rate, RateOrigin, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS,
+    HourPoint, OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, DAY_SECS,
+    HOUR_SECS,
 };
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
-use crate::{Result, Store, StoreError};
+use crate::{Result, Store, StoreError, OPEN_END};
 
 pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
     instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
-    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin";
+    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen";
 
 fn ts(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
@@ -27,6 +28,7 @@ fn ts(secs: i64) -> DateTime<Utc> {
 pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
     let labels: String = row.try_get("labels")?;
     let origin: String = row.try_get("rate_origin")?;
+    let seen: String = row.try_get("attr_seen")?;
     let rec = GpuRecord {
         uuid: row.try_get("uuid")?,
         model: row.try_get("model")?,
@@ -54,6 +56,7 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
             usd_per_hour: row.try_get("usd_per_hour")?,
             origin: serde_json::from_str(&origin).unwrap_or(RateOrigin::Unknown),
         },
+        seen: serde_json::from_str(&seen).unwrap_or_default(),
     };
     Ok((row.try_get("id")?, rec))
 }
@@ -95,6 +98,17 @@ impl Filters {
 
     /// ` AND g.team IN ($n, ...) ...` numbered from `first`, with the values to bind in order.
     pub(crate) fn clause(&self, first: usize) -> (String, Vec<String>) {
+        self.clause_with(first, "g")
+    }
+
+    /// Whether team or environment is filtered (they come from the owner history).
+    pub(crate) fn by_owner(&self) -> bool {
+        !self.team.is_empty() || !self.env.is_empty()
+    }
+
+    /// As [`Filters::clause`], with team and environment read from the owner history row
+    /// aliased `owner` (owner at the time of the data) instead of the GPU's current owner.
+    pub(crate) fn clause_with(&self, first: usize, owner: &str) -> (String, Vec<String>) {
         let mut sql = String::new();
         let mut binds = Vec::new();
         for (col, vals) in [
@@ -114,7 +128,12 @@ impl Filters {
                     format!("${}", first + binds.len() - 1)
                 })
                 .collect();
-            sql.push_str(&format!(" AND g.{col} IN ({})", marks.join(",")));
+            let table = if matches!(col, "team" | "env") {
+                owner
+            } else {
+                "g"
+            };
+            sql.push_str(&format!(" AND {table}.{col} IN ({})", marks.join(",")));
         }
         (sql, binds)
     }
@@ -237,6 +256,7 @@ impl Store {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+        let owner_history = self.owner_history(id).await?;
         let mig_children: Vec<String> = sqlx::query_scalar(
             &self
                 .sql("SELECT uuid FROM gpus WHERE mig_parent_uuid = $1 ORDER BY mig_profile, uuid"),
@@ -302,14 +322,105 @@ impl Store {
             to: ts(window.to),
             conflicts,
             provenance,
+            owner_history,
             mig_children,
             hours,
             allocations,
         }))
     }
 
-    /// Per physical GPU counts over the window, from day rollups for whole days and hour
-    /// rollups for the edges.
+    /// The owner periods of a GPU, oldest first.
+    async fn owner_history(&self, id: i64) -> Result<Vec<OwnerPeriod>> {
+        sqlx::query(&self.sql(
+            "SELECT from_ts, to_ts, team, env, reason FROM gpu_owners WHERE gpu_id = $1 \
+             ORDER BY from_ts",
+        ))
+        .bind(id)
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            let (from, to): (i64, i64) = (r.try_get("from_ts")?, r.try_get("to_ts")?);
+            Ok(OwnerPeriod {
+                from: (from > 0).then(|| ts(from)),
+                to: (to < OPEN_END).then(|| ts(to)),
+                team: r.try_get("team")?,
+                env: r.try_get("env")?,
+                reason: r.try_get("reason")?,
+            })
+        })
+        .collect()
+    }
+
+    /// Re-decide owner and environment of every GPU from `from` on with the current rules,
+    /// rewriting the owner history after `from` (`gpuledger reattribute --from DATE`); history
+    /// before `from` keeps the owners it had. Returns how many GPUs' history changed.
+    pub async fn reattribute(&self, from: DateTime<Utc>) -> Result<usize> {
+        let _writer = self.write_lock.lock().await;
+        let from = hour_floor(from.timestamp()).max(0);
+        let rows = sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus"))
+            .fetch_all(self.pool())
+            .await?;
+        let mut tx = self.pool().begin().await?;
+        let mut changed = 0;
+        for row in &rows {
+            let (id, stored) = gpu_from_row(row)?;
+            let mut rec = stored.clone();
+            if !rec.placeholder {
+                rec.rederive(&self.settings);
+            }
+            if rec != stored {
+                self.upsert_gpu(&mut tx, &rec, None).await?;
+            }
+            let after: Vec<(i64, String, String)> = sqlx::query_as(&self.sql(
+                "SELECT from_ts, team, env FROM gpu_owners WHERE gpu_id = $1 AND to_ts > $2 \
+                 ORDER BY from_ts",
+            ))
+            .bind(id)
+            .bind(from)
+            .fetch_all(&mut *tx)
+            .await?;
+            if after.len() == 1 && after[0].1 == rec.team && after[0].2 == rec.env {
+                continue;
+            }
+            changed += 1;
+            sqlx::query(&self.sql("DELETE FROM gpu_owners WHERE gpu_id = $1 AND from_ts >= $2"))
+                .bind(id)
+                .bind(from)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                &self.sql("UPDATE gpu_owners SET to_ts = $2 WHERE gpu_id = $1 AND to_ts > $2"),
+            )
+            .bind(id)
+            .bind(from)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(&self.sql(
+                "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            ))
+            .bind(id)
+            .bind(from)
+            .bind(OPEN_END)
+            .bind(rec.team.clone())
+            .bind(rec.env.clone())
+            .bind(format!(
+                "{} (re-attributed from {})",
+                rec.owner_reason,
+                ts(from).format("%Y-%m-%d %H:%M UTC")
+            ))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    /// Per physical GPU and owner period counts over the window, from day rollups for whole
+    /// days and hour rollups for the edges and for days split by a change of owner. A GPU whose
+    /// owner or environment changed within the window has one row per owner, in time order;
+    /// [`Store::gpu_totals`] folds them into one row per GPU.
     pub async fn gpu_windows(
         &self,
         window: Window,
@@ -329,37 +440,54 @@ impl Store {
         } else {
             (0, 0, (lo, hi), (0, 0))
         };
-        let (clause, binds) = filters.clause(8);
-        // Rows are summed per GPU before the join, so the join sees one row per GPU. Each edge
-        // is its own range scan of the hour index (an OR of two ranges is not).
-        let edge = |lo: &str, hi: &str| {
+        let (clause, binds) = filters.clause_with(8, "o");
+        // Rows are summed per GPU and owner period before the join, so the join sees one row
+        // per (GPU, period). A day split by a change of owner is read from its hours; the
+        // other days from the day rollups. Each edge is its own range scan of the hour index
+        // (an OR of two ranges is not).
+        let hours = |from: &str, range: &str| {
             format!(
-                "SELECT gpu_id, 1, CASE WHEN act_n > 0 THEN 1 ELSE 0 END, \
-                 CASE WHEN act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, allocated, \
-                 CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $7 * act_n THEN 1 ELSE 0 END, \
-                 CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END, mem_max \
-                 FROM gpu_hours WHERE hour >= {lo} AND hour < {hi}"
+                "SELECT h.gpu_id, o.from_ts AS o_from, 1, \
+                 CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
+                 CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
+                 CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
+                 CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max \
+                 FROM {from} JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
+                 AND o.to_ts > h.hour WHERE {range}"
             )
         };
-        let (edge1, edge2) = (edge("$3", "$4"), edge("$5", "$6"));
+        let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
+        let edge2 = hours("gpu_hours h", "h.hour >= $5 AND h.hour < $6");
+        let split_hours = hours(
+            "split s JOIN gpu_hours h ON h.gpu_id = s.gpu_id AND h.hour >= s.day \
+             AND h.hour < s.day + 86400",
+            "s.day >= $1 AND s.day < $2",
+        );
         let sql = format!(
-            "SELECT g.uuid, g.host, g.memory_mib, g.team, g.env, g.cloud, g.cluster, g.model, \
+            "WITH split AS (\
+               SELECT DISTINCT gpu_id, from_ts - (from_ts % 86400) AS day FROM gpu_owners \
+               WHERE from_ts % 86400 <> 0) \
+             SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem \
              FROM (\
-               SELECT gpu_id, \
+               SELECT gpu_id, o_from, \
                CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
                CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(alloc) AS BIGINT) AS alloc, \
                CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
                CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem \
                FROM (\
-                 SELECT gpu_id, present_hours AS present, known_hours AS known, \
-                 idle_hours AS idle, allocated_hours AS alloc, \
-                 allocated_idle_hours AS alloc_idle, act_sum AS act, mem_max AS mem \
-                 FROM gpu_days WHERE day >= $1 AND day < $2 \
-                 UNION ALL {edge1} UNION ALL {edge2}\
-               ) u GROUP BY gpu_id\
+                 SELECT d.gpu_id, o.from_ts AS o_from, d.present_hours AS present, \
+                 d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
+                 d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem \
+                 FROM gpu_days d JOIN gpu_owners o ON o.gpu_id = d.gpu_id \
+                 AND o.from_ts <= d.day AND o.to_ts > d.day \
+                 WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
+                   SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
+                 UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}\
+               ) u GROUP BY gpu_id, o_from\
              ) x JOIN gpus g ON g.id = x.gpu_id \
-             WHERE g.mig_parent_uuid IS NULL{clause}"
+             JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
+             WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql)
@@ -402,6 +530,19 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// One row per physical GPU over the window (owner periods folded; team and environment are
+    /// the latest period's), for per-GPU tables.
+    pub async fn gpu_totals(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
+        Ok(gpuledger_ledger::summary::per_gpu(
+            self.gpu_windows(window, filters, now).await?,
+        ))
     }
 
     /// `GET /api/v1/summary`: groups and total over the window, by BRIEF section 4.
@@ -499,9 +640,18 @@ impl Store {
             gpus = changed.len(),
             "re-derived owner, environment or rate"
         );
+        let at = Utc::now().timestamp();
+        let old: HashMap<i64, GpuRecord> = rows
+            .iter()
+            .filter_map(|r| gpu_from_row(r).ok())
+            .filter(|(id, _)| changed.contains_key(id))
+            .collect();
         let mut tx = self.pool().begin().await?;
-        for rec in changed.values() {
-            self.upsert_gpu(&mut tx, rec).await?;
+        for (id, rec) in &changed {
+            let moved = old
+                .get(id)
+                .is_none_or(|o| o.team != rec.team || o.env != rec.env);
+            self.upsert_gpu(&mut tx, rec, moved.then_some(at)).await?;
         }
         tx.commit().await?;
         Ok(())

@@ -912,10 +912,227 @@ async fn ownership_rules_place_gpus_with_their_reason() {
     assert_eq!((a.team.as_str(), a.env.as_str()), ("research", "dev"));
     assert_eq!(
         a.owner_reason,
-        "owner: research — rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2`; env: dev — \
-         rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2`, label `stage` `Dev`; GPU first \
-         reported by source agent"
+        "owner: research — rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2` (from source \
+         agent, seen 2026-12-02 11:00 UTC); env: dev — rule 1 `rdu research`: cluster `rdu-1`, \
+         host `dgx-2`, label `stage` `Dev` (from source agent, seen 2026-12-02 11:00 UTC); GPU \
+         first reported by source agent"
     );
     let b = gpus.iter().find(|g| g.uuid == B).unwrap();
     assert_eq!(b.team, "nlp", "no rule matches: the team label decides");
+}
+
+/// Owner history, on both backends: a rule change at start moves the owner from the current
+/// hour on and leaves the past with its owner; `reattribute --from` rewrites history from a
+/// mid-day hour, which splits that day's rollup into hours per owner. Real clock times, since
+/// the change takes effect at the store's start.
+async fn owner_history_keeps_the_past_and_reattribute_rewrites_it(
+    open: impl Fn(Settings) -> std::pin::Pin<Box<dyn std::future::Future<Output = Store>>>,
+) {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    use gpuledger_model::{day_floor, hour_floor};
+    let real_now = Utc::now();
+    let day0 = day_floor(real_now.timestamp()) - 3 * 86_400;
+    let at = |secs: i64| DateTime::<Utc>::from_timestamp(secs, 0).unwrap();
+    let iso = |secs: i64| at(secs).to_rfc3339();
+    let store = open(Settings::default()).await;
+    let samples: Vec<String> = (10..14)
+        .map(|h| {
+            format!(
+                r#"{{"gpu_uuid":"{A}","ts":"{}","util_pct":50}}"#,
+                iso(day0 + h * 3600)
+            )
+        })
+        .collect();
+    let body = format!(
+        r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"dgx-1","labels":{{"team":"nlp","env":"prod"}},"observed_at":"{}"}}],"samples":[{}]}}"#,
+        iso(day0 + 10 * 3600),
+        samples.join(",")
+    );
+    let out = push_at(&store, &who("agent", None), &body, real_now).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let d = store.gpu_detail(A, day(), real_now).await.unwrap().unwrap();
+    assert_eq!(d.owner_history.len(), 1);
+    assert_eq!(
+        (d.owner_history[0].from, d.owner_history[0].to),
+        (None, None)
+    );
+    assert!(
+        d.gpu.owner_reason.starts_with(&format!(
+            "owner: nlp — label `team=nlp` (from source agent, seen {})",
+            at(day0 + 10 * 3600).format("%Y-%m-%d %H:%M UTC")
+        )),
+        "{}",
+        d.gpu.owner_reason
+    );
+    store.close().await;
+
+    // The config now places dgx-* hosts in vision.
+    let mut settings = Settings::default();
+    settings.ownership.rules.push(Rule {
+        name: Some("dgx".into()),
+        when: vec![(Attr::Host, "dgx-*".into())],
+        team: Some(Setting::Name("vision".into())),
+        env: None,
+    });
+    let store = open(settings).await;
+    let change = hour_floor(Utc::now().timestamp());
+    let now_body = format!(
+        r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"dgx-1","labels":{{"team":"nlp","env":"prod"}},"observed_at":"{n}"}}],"samples":[{{"gpu_uuid":"{A}","ts":"{n}","util_pct":50}}]}}"#,
+        n = iso(Utc::now().timestamp())
+    );
+    let out = push_at(&store, &who("agent", None), &now_body, Utc::now()).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let past = Window {
+        from: day0,
+        to: day0 + 2 * 86_400,
+    };
+    let hours_by_team = |s: gpuledger_model::Summary| -> Vec<(String, i64, i64)> {
+        s.groups
+            .into_iter()
+            .map(|g| (g.key, g.gpus, g.gpu_hours))
+            .collect()
+    };
+    let s = store
+        .summary(past, &Filters::default(), GroupBy::Team, Utc::now())
+        .await
+        .unwrap();
+    // Present hours 10–14: the last sample at 13:00 keeps the GPU present for the 2-hour
+    // stale window.
+    assert_eq!(
+        hours_by_team(s),
+        [("nlp".to_string(), 1, 5)],
+        "the past keeps its owner"
+    );
+    let today = Window {
+        from: change,
+        to: change + 3600,
+    };
+    let s = store
+        .summary(today, &Filters::default(), GroupBy::Team, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(hours_by_team(s), [("vision".to_string(), 1, 1)]);
+    let d = store
+        .gpu_detail(A, day(), Utc::now())
+        .await
+        .unwrap()
+        .unwrap();
+    let h: Vec<_> = d
+        .owner_history
+        .iter()
+        .map(|p| {
+            (
+                p.team.as_str(),
+                p.from.map(|t| t.timestamp()),
+                p.to.map(|t| t.timestamp()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        h,
+        [("nlp", None, Some(change)), ("vision", Some(change), None)]
+    );
+    assert!(
+        d.owner_history[1]
+            .reason
+            .starts_with("owner: vision — rule 1 `dgx`: host `dgx-1` (from source agent, seen "),
+        "{}",
+        d.owner_history[1].reason
+    );
+
+    // Re-attribute from noon of day0: hours 10 and 11 stay nlp's, 12 to 14 become vision's.
+    let from = day0 + 12 * 3600;
+    assert_eq!(store.reattribute(at(from)).await.unwrap(), 1);
+    assert_eq!(store.reattribute(at(from)).await.unwrap(), 0, "idempotent");
+    let s = store
+        .summary(past, &Filters::default(), GroupBy::Team, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        s.total.gpus, 1,
+        "a GPU with two owners in the window counts once"
+    );
+    assert_eq!(s.total.gpu_hours, 5);
+    assert_eq!(
+        hours_by_team(s),
+        [("vision".to_string(), 1, 3), ("nlp".to_string(), 1, 2)]
+    );
+    let vision = Filters {
+        team: vec!["vision".into()],
+        ..Default::default()
+    };
+    let s = store
+        .summary(past, &vision, GroupBy::Team, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!((s.total.gpu_hours, s.total.busy_hours), (3, 2));
+    let per_gpu = store
+        .gpu_totals(past, &Filters::default(), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(per_gpu.len(), 1);
+    assert_eq!(
+        (per_gpu[0].present_hours, per_gpu[0].team.as_str()),
+        (5, "vision")
+    );
+    let series = store
+        .series(past, &vision, false, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        series
+            .iter()
+            .map(|p| p.start.timestamp())
+            .collect::<Vec<_>>(),
+        [from, from + 3600, from + 7200],
+        "hourly series filtered by team follow the owner at each hour"
+    );
+    let d = store
+        .gpu_detail(A, day(), Utc::now())
+        .await
+        .unwrap()
+        .unwrap();
+    let h: Vec<_> = d
+        .owner_history
+        .iter()
+        .map(|p| {
+            (
+                p.team.as_str(),
+                p.from.map(|t| t.timestamp()),
+                p.to.map(|t| t.timestamp()),
+            )
+        })
+        .collect();
+    assert_eq!(h, [("nlp", None, Some(from)), ("vision", Some(from), None)]);
+    assert!(d.owner_history[1].reason.contains("(re-attributed from "));
+}
+
+mod owner_history {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite() {
+        let dir = tempdir::Dir::new();
+        let url = format!("sqlite://{}/h.db", dir.0.display());
+        owner_history_keeps_the_past_and_reattribute_rewrites_it(move |s| {
+            let url = url.clone();
+            Box::pin(async move { Store::open(&url, s).await.unwrap() })
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn postgres() {
+        let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+            eprintln!("skipped: PostgreSQL half of `owner_history` (set GPULEDGER_TEST_PG_URL)");
+            return;
+        };
+        let schema = format!("t_owner_history_{}", std::process::id());
+        Store::drop_schema(&url, &schema).await.unwrap();
+        owner_history_keeps_the_past_and_reattribute_rewrites_it(move |s| {
+            let (url, schema) = (url.clone(), schema.clone());
+            Box::pin(async move { Store::open_in_schema(&url, Some(&schema), s).await.unwrap() })
+        })
+        .await;
+    }
 }

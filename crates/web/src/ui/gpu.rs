@@ -25,6 +25,7 @@ pub struct GpuPage {
     pub timeline_svg: String,
     pub allocations: Table,
     pub provenance: Table,
+    pub owners: Table,
 }
 
 pub async fn gpu_page(
@@ -285,6 +286,39 @@ pub async fn gpu_page(
             Cell::text(x.observed_at.format("%Y-%m-%d %H:%M").to_string()),
         ]);
     }
+    let mut owners = Table::new(
+        "owners",
+        &f,
+        vec![
+            col(
+                "From",
+                "Start of the period (UTC); 'first seen' for the first one.",
+            ),
+            col("To", "End of the period; 'now' while it is open."),
+            col("Owner", "The team that owned the GPU in the period."),
+            col("Environment", "Its environment in the period."),
+            col(
+                "Why",
+                "The rule or label that decided it when the period opened.",
+            ),
+        ],
+    );
+    for o in &d.owner_history {
+        owners.push(vec![
+            Cell::text(
+                o.from
+                    .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "first seen".into()),
+            ),
+            Cell::text(
+                o.to.map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "now".into()),
+            ),
+            Cell::text(o.team.clone()),
+            Cell::text(o.env.clone()),
+            Cell::text(o.reason.clone()),
+        ]);
+    }
     let page = GpuPage {
         uuid: g.uuid.clone(),
         attrs,
@@ -301,8 +335,9 @@ pub async fn gpu_page(
         timeline_svg,
         allocations,
         provenance,
+        owners,
         frame: f,
     };
-    let tables = [&page.allocations, &page.provenance];
+    let tables = [&page.allocations, &page.provenance, &page.owners];
     respond(&page, &tables, &p)
 }

@@ -59,7 +59,7 @@ pub async fn inventory(State(state): State<AppState>, RawQuery(q): RawQuery) -> 
     let store = &state.store;
     let (gpus, windows, sources) = match tokio::try_join!(
         store.list_gpus(&p.filters, true, now),
-        store.gpu_windows(window, &p.filters, now),
+        store.gpu_totals(window, &p.filters, now),
         store.sources(now),
     ) {
         Ok(v) => v,

@@ -121,7 +121,8 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         Ok(f) => f,
         Err(r) => return r,
     };
-    let found = match super::waste::findings(&state, &p, &f, 7, &gpus, &windows).await {
+    let per_gpu = gpuledger_ledger::summary::per_gpu(windows.clone());
+    let found = match super::waste::findings(&state, &p, &f, 7, &gpus, &per_gpu).await {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -193,7 +193,7 @@ pub async fn team_page(
     let (by_env, gpus, windows, allocs) = match tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Env, now),
         store.list_gpus(&p.filters, false, now),
-        store.gpu_windows(window, &p.filters, now),
+        store.gpu_totals(window, &p.filters, now),
         store.allocations_in(window, &p.filters, 200),
     ) {
         Ok(v) => v,

@@ -59,7 +59,7 @@ pub async fn usage(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
     let (series, map, windows, sources) = match tokio::try_join!(
         store.series(window, &p.filters, daily, now),
         store.heatmap(window, &p.filters, now),
-        store.gpu_windows(window, &p.filters, now),
+        store.gpu_totals(window, &p.filters, now),
         store.sources(now),
     ) {
         Ok(v) => v,

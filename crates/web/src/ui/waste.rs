@@ -356,7 +356,7 @@ async fn load(
     let now = state.now();
     let (gpus, windows) = tokio::try_join!(
         state.store.list_gpus(&p.filters, false, now),
-        state.store.gpu_windows(p.window(now, 30), &p.filters, now),
+        state.store.gpu_totals(p.window(now, 30), &p.filters, now),
     )
     .map_err(internal)?;
     let found = findings(state, &p, &f, idle_days, &gpus, &windows).await?;
