@@ -479,6 +479,7 @@ mod tests {
             sm_active: None,
         };
         let a = |end| PushAllocation {
+            context: Default::default(),
             gpu_uuid: "GPU-a".into(),
             start: t0,
             end,

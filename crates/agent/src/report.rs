@@ -42,6 +42,7 @@ pub struct OpenAllocation {
 impl OpenAllocation {
     fn record(&self, end: Option<DateTime<Utc>>) -> PushAllocation {
         PushAllocation {
+            context: Default::default(),
             gpu_uuid: self.gpu_uuid.clone(),
             start: self.start,
             end: end.map(|e| e.max(self.start)),
@@ -164,6 +165,7 @@ impl Reporter {
             );
         }
         PushGpu {
+            account: None,
             uuid: g.uuid.clone(),
             model: g.model.clone().unwrap_or_else(|| "unknown".into()),
             memory_mib: g.memory_mib,

@@ -501,6 +501,18 @@ async fn watch_lists_nodes_and_pods_then_follows_events_and_relists_on_410() {
         "pod annotation `user`"
     );
     assert_eq!(a[0].team.as_deref(), Some("team-a"), "pod label `project`");
+    // What ownership rules on namespaces read: the namespace and its labels, the pod's labels.
+    let ctx = &a[0].context;
+    assert_eq!(ctx.namespace.as_deref(), Some("runai-team-a"));
+    assert_eq!(
+        ctx.namespace_labels.get("runai/queue").map(String::as_str),
+        Some("team-a")
+    );
+    assert_eq!(
+        ctx.pod_labels.get("project").map(String::as_str),
+        Some("team-a")
+    );
+    assert!(ctx.pod_annotations.contains_key("user"), "{ctx:?}");
 
     // ADDED: a pod on the T4 node; MODIFIED: the A100 node's MIG layout changes.
     api.apply(reservation_on_t4("resv-a", "uid-a").unwrap());

@@ -770,23 +770,25 @@ max_body_bytes = 2048
             "target,team,env\ndgx-*,research,lab\nbad\n",
         )
         .unwrap();
-        let text = "[ownership]\nassignments = \"owners.csv\"\n\n[[ownership.rules]]\nname = \"rdu nlp\"\nwhen = { cluster = \"rdu-*\", \"label.kubernetes.namespace\" = \"nlp-*\" }\nteam = \"nlp\"\nenv = \"prod\"\n\n[[ownership.rules]]\nteam_from = \"label.squad\"\n\n[teams.nlp]\ndisplay_name = \"Language\"\nmanager = \"Ana Ruiz\"\ncost_center = \"CC-4410\"\n";
+        let text = "[ownership]\nassignments = \"owners.csv\"\n\n[[ownership.rules]]\nname = \"rdu nlp\"\nwhen = { cluster = \"rdu-*\", namespace = \"nlp-*\" }\nteam = \"nlp\"\nenv = \"prod\"\n\n[[ownership.rules]]\nteam_from = \"label.squad\"\n\n[[ownership.rules]]\nwhen = { \"slurm.partition\" = \"a100*\" }\nteam_from = \"slurm.account\"\n\n[teams.nlp]\ndisplay_name = \"Language\"\nmanager = \"Ana Ruiz\"\ncost_center = \"CC-4410\"\n";
         std::fs::write(dir.join("g.toml"), text).unwrap();
         let mut cfg = parse(text).unwrap();
         let o = &cfg.settings.ownership;
-        assert_eq!(o.rules.len(), 2);
+        assert_eq!(o.rules.len(), 3);
         assert_eq!(o.rules[0].when.len(), 2);
+        assert!(o.rules[0].reads_workloads() && !o.rules[1].reads_workloads());
+        assert!(o.rules[2].reads_workloads());
         assert_eq!(cfg.web.teams["nlp"].cost_center.as_deref(), Some("CC-4410"));
         let problems = read_assignments(&mut cfg, &dir.join("g.toml"));
         assert_eq!(cfg.settings.ownership.assignments.len(), 1);
         assert_eq!(problems.len(), 1, "{problems:?}");
         let bad = parse(
-            "[[ownership.rules]]\nwhen = { namespace = \"x\" }\nteam = \"a\"\nteam_from = \"label.t\"\n[[ownership.rules]]\nname = \"empty\"\n[teams.x]\nboss = \"y\"\n",
+            "[[ownership.rules]]\nwhen = { kube_namespace = \"x\" }\nteam = \"a\"\nteam_from = \"label.t\"\n[[ownership.rules]]\nname = \"empty\"\n[teams.x]\nboss = \"y\"\n",
         )
         .unwrap_err();
         let text: Vec<String> = bad.iter().map(|p| p.to_string()).collect();
         for want in [
-            "ownership.rules[0].when.namespace: `namespace` is no GPU attribute",
+            "ownership.rules[0].when.kube_namespace: `kube_namespace` is no attribute a rule can read",
             "ownership.rules[0]: set `team` or `team_from`, not both",
             "ownership.rules[1]: sets nothing",
             "teams.x.boss: unknown key",

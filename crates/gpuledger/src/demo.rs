@@ -569,6 +569,7 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
         }
         let uuid = h.uuid(gpu);
         out.push(PushGpu {
+            account: None,
             uuid: uuid.clone(),
             model: h.model.to_string(),
             memory_mib: Some(h.memory_mib),
@@ -590,6 +591,7 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
         if let Some(profile) = h.mig_profile {
             for inst in 0..2 {
                 out.push(PushGpu {
+                    account: None,
                     uuid: h.mig_uuid(gpu, inst),
                     model: h.model.to_string(),
                     memory_mib: Some(h.memory_mib / 2 - 512),
@@ -627,6 +629,7 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
         }
         for (s, e, workload) in allocations(h, gpu, from, to) {
             body.allocations.push(PushAllocation {
+                context: Default::default(),
                 gpu_uuid: uuid.clone(),
                 start: Utc.timestamp_opt(s, 0).single().unwrap_or_default(),
                 end: e.and_then(|e| Utc.timestamp_opt(e, 0).single()),

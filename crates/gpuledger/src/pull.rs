@@ -192,6 +192,7 @@ mod tests {
             raw_key: None,
         };
         let gpu = PushGpu {
+            account: None,
             uuid: "GPU-1".into(),
             model: "NVIDIA L4".into(),
             memory_mib: None,

@@ -4,6 +4,7 @@
 //! whole with a [`DecodeError`]. Otherwise every record is checked on its own: valid records are
 //! kept and each rejected one is named by its JSON path with a reason a person can act on.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 
 use chrono::{DateTime, Utc};
@@ -358,6 +359,7 @@ fn check_gpu(path: &str, g: &PushGpu, latest: DateTime<Utc>) -> Result<(), Rejec
         ("cluster", &g.cluster),
         ("region", &g.region),
         ("instance_type", &g.instance_type),
+        ("account", &g.account),
         ("serial", &g.serial),
         ("pci_bus_id", &g.pci_bus_id),
         ("mig_profile", &g.mig_profile),
@@ -405,24 +407,27 @@ fn check_gpu(path: &str, g: &PushGpu, latest: DateTime<Utc>) -> Result<(), Rejec
             }
         }
     }
-    if g.labels.len() > MAX_LABELS {
+    labels(&format!("{path}.labels"), &g.labels)?;
+    not_future(path, "observed_at", g.observed_at, latest)
+}
+
+/// A map of labels: at most [`MAX_LABELS`] entries, keys and values of bounded size.
+fn labels(path: &str, map: &BTreeMap<String, String>) -> Result<(), Rejection> {
+    if map.len() > MAX_LABELS {
         return Err(Rejection::new(
-            format!("{path}.labels"),
-            format!(
-                "must have at most {MAX_LABELS} entries, got {}",
-                g.labels.len()
-            ),
+            path,
+            format!("must have at most {MAX_LABELS} entries, got {}", map.len()),
         ));
     }
-    for (k, v) in &g.labels {
+    for (k, v) in map {
         if k.is_empty() || k.len() > MAX_TEXT || v.len() > MAX_TEXT {
             return Err(Rejection::new(
-                format!("{path}.labels.{k}"),
+                format!("{path}.{k}"),
                 format!("keys must be 1..={MAX_TEXT} bytes and values at most {MAX_TEXT} bytes"),
             ));
         }
     }
-    not_future(path, "observed_at", g.observed_at, latest)
+    Ok(())
 }
 
 fn check_sample(path: &str, s: &PushSample, latest: DateTime<Utc>) -> Result<(), Rejection> {
@@ -465,6 +470,14 @@ fn check_allocation(
     text(path, "user", a.user.as_deref())?;
     text(path, "owner", a.owner.as_deref())?;
     text(path, "team", a.team.as_deref())?;
+    let ctx = &a.context;
+    let cpath = format!("{path}.context");
+    text(&cpath, "namespace", ctx.namespace.as_deref())?;
+    text(&cpath, "slurm_account", ctx.slurm_account.as_deref())?;
+    text(&cpath, "slurm_partition", ctx.slurm_partition.as_deref())?;
+    for (field, map) in ctx.maps() {
+        labels(&format!("{cpath}.{field}"), map)?;
+    }
     not_future(path, "start", a.start, latest)?;
     if let Some(end) = a.end {
         if end < a.start {

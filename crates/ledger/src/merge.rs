@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpuledger_model::{PushGpu, Rate};
 
-use crate::ownership::GpuFacts;
+use crate::ownership::{GpuFacts, Holder};
 use crate::settings::Settings;
 
 /// A GPU as stored: merged attributes plus derived owner, environment and rate.
@@ -23,6 +23,8 @@ pub struct GpuRecord {
     pub cloud: Option<String>,
     pub region: Option<String>,
     pub instance_type: Option<String>,
+    /// The cloud account, project or subscription.
+    pub account: Option<String>,
     pub serial: Option<String>,
     pub pci_bus_id: Option<String>,
     pub mig_parent_uuid: Option<String>,
@@ -38,6 +40,9 @@ pub struct GpuRecord {
     pub rate: Rate,
     /// Where each current attribute value came from, keyed `model`, `host`, ..., `label.<key>`.
     pub seen: BTreeMap<String, Seen>,
+    /// The workloads holding the GPU or its MIG instances now, oldest first (or the last one
+    /// that did, when none does); kept by the store from the allocations.
+    pub holders: Vec<Holder>,
 }
 
 /// The source that gave an attribute its current value, and when it last reported it.
@@ -59,6 +64,7 @@ impl GpuRecord {
             "cloud" => self.cloud.clone(),
             "region" => self.region.clone(),
             "instance_type" => self.instance_type.clone(),
+            "account" => self.account.clone(),
             _ => key
                 .strip_prefix("label.")
                 .and_then(|k| self.labels.get(k).cloned()),
@@ -108,6 +114,7 @@ fn reported(g: &PushGpu) -> Vec<(String, String)> {
         ("cloud", g.cloud.map(|c| c.as_str().to_string())),
         ("region", g.region.clone()),
         ("instance_type", g.instance_type.clone()),
+        ("account", g.account.clone()),
     ];
     out.extend(
         opt.into_iter()
@@ -135,11 +142,23 @@ impl GpuRecord {
             instance_type: self.instance_type.as_deref(),
             model: &self.model,
             source: &self.source,
+            account: self.account.as_deref(),
             seen: Some(&self.seen),
+            holders: &self.holders,
         });
         self.team = o.team;
         self.env = o.env;
-        self.owner_reason = o.reason;
+        self.owner_reason = if self.placeholder {
+            format!(
+                "placeholder: a GPU of {} counted by source {}, not yet named by a UUID-aware \
+                 source; {}",
+                self.host.as_deref().unwrap_or("an unnamed host"),
+                self.source,
+                o.reason
+            )
+        } else {
+            o.reason
+        };
         self.rate = settings.rates.rate_for(&self.rate_facts());
     }
 
@@ -164,6 +183,7 @@ pub fn attributes(g: &PushGpu) -> Vec<(&'static str, String)> {
         ("cloud", g.cloud.map(|c| c.as_str().to_string())),
         ("region", g.region.clone()),
         ("instance_type", g.instance_type.clone()),
+        ("account", g.account.clone()),
         ("serial", g.serial.clone()),
         ("pci_bus_id", g.pci_bus_id.clone()),
         ("mig_parent_uuid", g.mig_parent_uuid.clone()),
@@ -200,6 +220,7 @@ pub fn merge_gpu(
             cloud: g.cloud.map(|c| c.as_str().to_string()),
             region: g.region.clone(),
             instance_type: g.instance_type.clone(),
+            account: g.account.clone(),
             serial: g.serial.clone(),
             pci_bus_id: g.pci_bus_id.clone(),
             mig_parent_uuid: g.mig_parent_uuid.clone(),
@@ -217,6 +238,7 @@ pub fn merge_gpu(
                 origin: gpuledger_model::RateOrigin::Unknown,
             },
             seen: BTreeMap::new(),
+            holders: Vec::new(),
         },
         Some(old) => {
             let primary = old.source == source;
@@ -243,6 +265,7 @@ pub fn merge_gpu(
                 ),
                 region: pick(primary, &old.region, &g.region),
                 instance_type: pick(primary, &old.instance_type, &g.instance_type),
+                account: pick(primary, &old.account, &g.account),
                 serial: pick(primary, &old.serial, &g.serial),
                 pci_bus_id: pick(primary, &old.pci_bus_id, &g.pci_bus_id),
                 mig_parent_uuid: pick(primary, &old.mig_parent_uuid, &g.mig_parent_uuid),
@@ -257,6 +280,7 @@ pub fn merge_gpu(
                 owner_reason: String::new(),
                 rate: old.rate.clone(),
                 seen: old.seen.clone(),
+                holders: old.holders.clone(),
             }
         }
     };
@@ -279,6 +303,7 @@ mod tests {
             cloud: None,
             region: None,
             instance_type: None,
+            account: None,
             serial: None,
             pci_bus_id: None,
             mig_parent_uuid: None,

@@ -2,16 +2,21 @@
 //!
 //! The config's `[[ownership.rules]]` match on any attribute a source gives a GPU (its labels,
 //! which carry Kubernetes node labels, cloud tags and pushed labels; host, cluster, cloud,
-//! region, instance type, model, source) with `*`/`?` patterns, and set a team, an environment
-//! or both, either as a fixed name or taken from an attribute. Explicit assignments (a CSV of
-//! GPU UUID or host → team, env) come first; the built-in label rules (`team`, then `env` /
-//! `environment` labels) come last, so a fleet without rules behaves as before. What no rule
-//! places is `unowned` / `unknown` (BRIEF section 4). Team and environment are decided apart:
-//! the first rule that sets each wins.
+//! account, region, instance type, model, source) and on what the sources say of the workloads
+//! holding it (Kubernetes namespace, pod and namespace labels and annotations, Slurm account and
+//! partition), with `*`/`?` patterns, and set a team, an environment or both, either as a fixed
+//! name or taken from an attribute. Explicit assignments (a CSV of GPU UUID or host → team, env)
+//! come first; the built-in label rules (`team`, then `env` / `environment` labels) come last,
+//! so a fleet without rules behaves as before. What no rule places is `unowned` / `unknown`
+//! (BRIEF section 4). Team and environment are decided apart: the first rule that sets each
+//! wins. A rule on workload attributes is tried on each holder in turn; when holders would
+//! place the GPU differently, the first holder wins and the others are named in the reason.
 
 use std::collections::BTreeMap;
 
-use gpuledger_model::{UNKNOWN, UNOWNED};
+use chrono::{DateTime, Utc};
+use gpuledger_model::{WorkloadContext, UNKNOWN, UNOWNED};
+use serde::{Deserialize, Serialize};
 
 use crate::merge::Seen;
 use crate::rates::glob_match;
@@ -39,30 +44,73 @@ pub enum Attr {
     Source,
     /// `uuid`.
     Uuid,
+    /// `account`: the cloud account, project or subscription.
+    Account,
+    /// `namespace`: the Kubernetes namespace of a workload holding the GPU.
+    Namespace,
+    /// `pod.label.<key>`.
+    PodLabel(String),
+    /// `pod.annotation.<key>`.
+    PodAnnotation(String),
+    /// `namespace.label.<key>`.
+    NamespaceLabel(String),
+    /// `namespace.annotation.<key>`.
+    NamespaceAnnotation(String),
+    /// `slurm.account`: the Slurm account of a job holding the GPU.
+    SlurmAccount,
+    /// `slurm.partition`.
+    SlurmPartition,
 }
+
+/// The attribute names a rule may use, for error messages.
+pub const ATTRIBUTE_NAMES: &str = "label.<key>, host, cluster, cloud, account, region, \
+    instance_type, model, source, uuid (of the GPU), or namespace, pod.label.<key>, \
+    pod.annotation.<key>, namespace.label.<key>, namespace.annotation.<key>, slurm.account, \
+    slurm.partition (of the workload holding it)";
 
 impl Attr {
     /// Read an attribute name as written in the config.
     pub fn parse(s: &str) -> Result<Attr, String> {
-        Ok(match s.trim() {
-            "host" => Attr::Host,
-            "cluster" => Attr::Cluster,
-            "cloud" => Attr::Cloud,
-            "region" => Attr::Region,
-            "instance_type" => Attr::InstanceType,
-            "model" => Attr::Model,
-            "source" => Attr::Source,
-            "uuid" => Attr::Uuid,
-            other => match other.strip_prefix("label.") {
-                Some(k) if !k.is_empty() => Attr::Label(k.to_string()),
-                _ => {
-                    return Err(format!(
-                        "`{other}` is no GPU attribute; use label.<key>, host, cluster, cloud, \
-                         region, instance_type, model, source or uuid"
-                    ))
-                }
-            },
-        })
+        let s = s.trim();
+        let keyed = |prefix: &str, make: fn(String) -> Attr| {
+            s.strip_prefix(prefix)
+                .filter(|k| !k.is_empty())
+                .map(|k| make(k.to_string()))
+        };
+        let attr = match s {
+            "host" => Some(Attr::Host),
+            "cluster" => Some(Attr::Cluster),
+            "cloud" => Some(Attr::Cloud),
+            "account" => Some(Attr::Account),
+            "region" => Some(Attr::Region),
+            "instance_type" => Some(Attr::InstanceType),
+            "model" => Some(Attr::Model),
+            "source" => Some(Attr::Source),
+            "uuid" => Some(Attr::Uuid),
+            "namespace" => Some(Attr::Namespace),
+            "slurm.account" => Some(Attr::SlurmAccount),
+            "slurm.partition" => Some(Attr::SlurmPartition),
+            _ => keyed("label.", Attr::Label)
+                .or_else(|| keyed("pod.label.", Attr::PodLabel))
+                .or_else(|| keyed("pod.annotation.", Attr::PodAnnotation))
+                .or_else(|| keyed("namespace.label.", Attr::NamespaceLabel))
+                .or_else(|| keyed("namespace.annotation.", Attr::NamespaceAnnotation)),
+        };
+        attr.ok_or_else(|| format!("`{s}` is no attribute a rule can read; use {ATTRIBUTE_NAMES}"))
+    }
+
+    /// Whether the attribute is read from a workload holding the GPU, not from the GPU.
+    pub fn of_workload(&self) -> bool {
+        matches!(
+            self,
+            Attr::Namespace
+                | Attr::PodLabel(_)
+                | Attr::PodAnnotation(_)
+                | Attr::NamespaceLabel(_)
+                | Attr::NamespaceAnnotation(_)
+                | Attr::SlurmAccount
+                | Attr::SlurmPartition
+        )
     }
 
     /// The key of this attribute in [`crate::GpuRecord::seen`].
@@ -75,7 +123,8 @@ impl Attr {
             Attr::Region => "region".into(),
             Attr::InstanceType => "instance_type".into(),
             Attr::Model => "model".into(),
-            Attr::Source | Attr::Uuid => return None,
+            Attr::Account => "account".into(),
+            _ => return None,
         })
     }
 
@@ -85,12 +134,74 @@ impl Attr {
             Attr::Host => "host".into(),
             Attr::Cluster => "cluster".into(),
             Attr::Cloud => "cloud".into(),
+            Attr::Account => "account".into(),
             Attr::Region => "region".into(),
             Attr::InstanceType => "instance type".into(),
             Attr::Model => "model".into(),
             Attr::Source => "source".into(),
             Attr::Uuid => "uuid".into(),
+            Attr::Namespace => "namespace".into(),
+            Attr::PodLabel(k) => format!("pod label `{k}`"),
+            Attr::PodAnnotation(k) => format!("pod annotation `{k}`"),
+            Attr::NamespaceLabel(k) => format!("namespace label `{k}`"),
+            Attr::NamespaceAnnotation(k) => format!("namespace annotation `{k}`"),
+            Attr::SlurmAccount => "Slurm account".into(),
+            Attr::SlurmPartition => "Slurm partition".into(),
         }
+    }
+}
+
+/// A workload holding a GPU (or one of its MIG instances), as ownership rules see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// `namespace/pod`, a Slurm job ID, ...
+    pub workload: String,
+    /// `pod`, `slurm_job`, ...
+    pub kind: String,
+    pub source: String,
+    pub start: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub context: WorkloadContext,
+}
+
+impl Holder {
+    fn get(&self, a: &Attr) -> Option<&str> {
+        let c = &self.context;
+        match a {
+            Attr::Namespace => c.namespace.as_deref(),
+            Attr::PodLabel(k) => c.pod_labels.get(k).map(String::as_str),
+            Attr::PodAnnotation(k) => c.pod_annotations.get(k).map(String::as_str),
+            Attr::NamespaceLabel(k) => c.namespace_labels.get(k).map(String::as_str),
+            Attr::NamespaceAnnotation(k) => c.namespace_annotations.get(k).map(String::as_str),
+            Attr::SlurmAccount => c.slurm_account.as_deref(),
+            Attr::SlurmPartition => c.slurm_partition.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// ` (held by pod nlp-prod/llm-0 on rdu-ocp-1, from source rdu-k8s, since …)`.
+    fn provenance(&self, cluster: Option<&str>) -> String {
+        let kind = match self.kind.as_str() {
+            "slurm_job" => "Slurm job",
+            k => k,
+        };
+        let on = cluster.map(|c| format!(" on {c}")).unwrap_or_default();
+        let until = match self.end {
+            Some(e) => format!(" to {}", e.format("%Y-%m-%d %H:%M UTC")),
+            None => String::new(),
+        };
+        format!(
+            " (held by {kind} {}{on}, from source {}, {}{until})",
+            self.workload,
+            self.source,
+            self.start.format(if self.end.is_some() {
+                "from %Y-%m-%d %H:%M UTC"
+            } else {
+                "since %Y-%m-%d %H:%M UTC"
+            }),
+        )
     }
 }
 
@@ -106,15 +217,33 @@ pub struct GpuFacts<'a> {
     pub instance_type: Option<&'a str>,
     pub model: &'a str,
     pub source: &'a str,
+    pub account: Option<&'a str>,
     /// Which source gave each attribute its value, and when it last reported it.
     pub seen: Option<&'a BTreeMap<String, Seen>>,
+    /// The workloads holding the GPU now (or, when none does, the last one that did), oldest
+    /// first: what rules on workload attributes read.
+    pub holders: &'a [Holder],
 }
 
 impl GpuFacts<'_> {
-    /// `label `team` `nlp` (from source rdu-k8s, seen 2026-12-02 11:02 UTC)`: an attribute's
-    /// value with where it came from, when known.
-    fn evidence(&self, a: &Attr, v: &str) -> (String, Option<String>) {
-        (format!("{} `{v}`", a.name()), self.provenance(a, v))
+    /// `label `team` `nlp``, and where the value came from when known: ` (from source rdu-k8s,
+    /// seen 2026-12-02 11:02 UTC)` for a GPU attribute, ` (held by pod …)` for a workload's.
+    fn evidence(&self, a: &Attr, v: &str, h: Option<&Holder>) -> (String, Option<String>) {
+        let what = match (a, h) {
+            (Attr::NamespaceLabel(_) | Attr::NamespaceAnnotation(_), Some(h)) => {
+                match (&h.context.namespace, self.cluster) {
+                    (Some(ns), Some(c)) => format!("{} `{v}` on {c}/{ns}", a.name()),
+                    (Some(ns), None) => format!("{} `{v}` on {ns}", a.name()),
+                    _ => format!("{} `{v}`", a.name()),
+                }
+            }
+            _ => format!("{} `{v}`", a.name()),
+        };
+        let from = match h {
+            Some(h) if a.of_workload() => Some(h.provenance(self.cluster)),
+            _ => self.provenance(a, v),
+        };
+        (what, from)
     }
 
     /// ` (from source rdu-k8s, seen 2026-12-02 11:02 UTC)`, when the store knows it.
@@ -129,17 +258,20 @@ impl GpuFacts<'_> {
         })
     }
 
-    fn get(&self, a: &Attr) -> Option<&str> {
+    /// An attribute's value: a GPU attribute from the GPU, a workload attribute from `holder`.
+    fn get<'h>(&'h self, a: &Attr, holder: Option<&'h Holder>) -> Option<&'h str> {
         match a {
             Attr::Label(k) => self.labels.get(k).map(String::as_str),
             Attr::Host => self.host,
             Attr::Cluster => self.cluster,
             Attr::Cloud => self.cloud,
+            Attr::Account => self.account,
             Attr::Region => self.region,
             Attr::InstanceType => self.instance_type,
             Attr::Model => Some(self.model),
             Attr::Source => Some(self.source),
             Attr::Uuid => Some(self.uuid),
+            w => holder.and_then(|h| h.get(w)),
         }
         .map(str::trim)
         .filter(|v| !v.is_empty())
@@ -165,6 +297,16 @@ pub struct Rule {
     pub env: Option<Setting>,
 }
 
+impl Rule {
+    /// Whether the rule reads anything of a workload holding the GPU.
+    pub fn reads_workloads(&self) -> bool {
+        self.when.iter().any(|(a, _)| a.of_workload())
+            || [&self.team, &self.env]
+                .into_iter()
+                .any(|s| matches!(s, Some(Setting::From(a)) if a.of_workload()))
+    }
+}
+
 /// One line of the assignments file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
@@ -181,6 +323,13 @@ pub struct Assignment {
 pub struct OwnershipRules {
     pub assignments: Vec<Assignment>,
     pub rules: Vec<Rule>,
+}
+
+impl OwnershipRules {
+    /// Whether any rule reads workload attributes (then a GPU's holders can change its owner).
+    pub fn reads_workloads(&self) -> bool {
+        self.rules.iter().any(Rule::reads_workloads)
+    }
 }
 
 /// The built-in label rules, after the configured ones.
@@ -223,46 +372,56 @@ impl OwnershipRules {
             if team.is_some() && env.is_some() {
                 break;
             }
-            let mut matched = Vec::new();
-            let all = r.when.iter().all(|(attr, pattern)| match g.get(attr) {
-                Some(v) if glob_match(pattern, v) => {
-                    matched.push(g.evidence(attr, v));
-                    true
-                }
-                _ => false,
-            });
-            if !all {
-                continue;
-            }
             let label = match &r.name {
                 Some(n) => format!("rule {} `{n}`", i + 1),
                 None => format!("rule {}", i + 1),
             };
-            let pick = |s: &Option<Setting>,
-                        matched: &[(String, Option<String>)]|
-             -> Option<(String, String)> {
-                let (value, from) = match s.as_ref()? {
-                    Setting::Name(n) => (clean(n)?, None),
-                    Setting::From(a) => {
-                        let v = g.get(a)?;
-                        (clean(v)?, Some(g.evidence(a, v)))
-                    }
-                };
-                let mut why: Vec<(String, Option<String>)> = matched.to_vec();
-                why.extend(from.filter(|f| !matched.contains(f)));
-                let why = join_evidence(&why);
-                let why = if why.is_empty() {
-                    label.clone()
-                } else {
-                    format!("{label}: {}", why.join(", "))
-                };
-                Some((value, why))
+            // A rule on workload attributes is tried on each holder; any other rule once.
+            let candidates: Vec<Option<&Holder>> = if r.reads_workloads() {
+                g.holders.iter().map(Some).collect()
+            } else {
+                vec![None]
             };
+            let mut team_hits: Vec<(String, String, Option<&Holder>)> = Vec::new();
+            let mut env_hits: Vec<(String, String, Option<&Holder>)> = Vec::new();
+            for h in candidates {
+                let mut matched = Vec::new();
+                let all = r.when.iter().all(|(attr, pattern)| match g.get(attr, h) {
+                    Some(v) if glob_match(pattern, v) => {
+                        matched.push(g.evidence(attr, v, h));
+                        true
+                    }
+                    _ => false,
+                });
+                if !all {
+                    continue;
+                }
+                let pick = |s: &Option<Setting>| -> Option<(String, String, Option<&Holder>)> {
+                    let (value, from) = match s.as_ref()? {
+                        Setting::Name(n) => (clean(n)?, None),
+                        Setting::From(a) => {
+                            let v = g.get(a, h)?;
+                            (clean(v)?, Some(g.evidence(a, v, h)))
+                        }
+                    };
+                    let mut why: Vec<(String, Option<String>)> = matched.clone();
+                    why.extend(from.filter(|f| !matched.contains(f)));
+                    let why = join_evidence(&why);
+                    let why = if why.is_empty() {
+                        label.clone()
+                    } else {
+                        format!("{label}: {}", why.join(", "))
+                    };
+                    Some((value, why, h))
+                };
+                team_hits.extend(pick(&r.team));
+                env_hits.extend(pick(&r.env));
+            }
             if team.is_none() {
-                team = pick(&r.team, &matched);
+                team = first_hit(team_hits);
             }
             if env.is_none() {
-                env = pick(&r.env, &matched);
+                env = first_hit(env_hits);
             }
         }
         for (attr, is_team) in label_rules() {
@@ -270,7 +429,7 @@ impl OwnershipRules {
             if slot.is_some() {
                 continue;
             }
-            if let Some(raw) = g.get(&attr) {
+            if let Some(raw) = g.get(&attr, None) {
                 let Some(v) = clean(raw) else { continue };
                 let Attr::Label(k) = &attr else { continue };
                 let from = g.provenance(&attr, raw);
@@ -300,6 +459,26 @@ impl OwnershipRules {
             ),
         }
     }
+}
+
+/// The first holder's placement; holders that the same rule would place elsewhere are named,
+/// so a conflict between workloads is shown, not hidden.
+fn first_hit(hits: Vec<(String, String, Option<&Holder>)>) -> Option<(String, String)> {
+    let mut hits = hits.into_iter();
+    let (value, mut why, _) = hits.next()?;
+    let others: Vec<String> = hits
+        .filter(|(v, ..)| *v != value)
+        .filter_map(|(v, _, h)| {
+            h.map(|h| format!("{} {} would place it in {v}", h.kind, h.workload))
+        })
+        .collect();
+    if !others.is_empty() {
+        why.push_str(&format!(
+            " (conflict: {}; the earliest holder wins)",
+            others.join(", ")
+        ));
+    }
+    Some((value, why))
 }
 
 /// `cluster `rdu-1`, host `dgx-2` (from source agent, seen …)`: where every value came from
@@ -411,7 +590,9 @@ mod tests {
             instance_type: Some("p5.48xlarge"),
             model: "NVIDIA H100 80GB HBM3",
             source: "rdu-k8s",
+            account: Some("123456789012"),
             seen: None,
+            holders: &[],
         }
     }
 
@@ -521,7 +702,158 @@ mod tests {
         assert_eq!(Attr::parse("instance_type"), Ok(Attr::InstanceType));
         assert!(Attr::parse("label.")
             .unwrap_err()
-            .contains("no GPU attribute"));
-        assert!(Attr::parse("namespace").is_err());
+            .contains("no attribute a rule can read"));
+        assert_eq!(Attr::parse("namespace"), Ok(Attr::Namespace));
+        assert_eq!(
+            Attr::parse("namespace.label.team"),
+            Ok(Attr::NamespaceLabel("team".into()))
+        );
+        assert_eq!(Attr::parse("slurm.partition"), Ok(Attr::SlurmPartition));
+        assert!(Attr::parse("pod.label.").is_err());
+        assert!(Attr::parse("kubernetes_namespace")
+            .unwrap_err()
+            .contains("`kubernetes_namespace` is no attribute a rule can read; use label.<key>"));
+    }
+
+    fn holder(workload: &str, start: &str, ctx: WorkloadContext) -> Holder {
+        Holder {
+            workload: workload.into(),
+            kind: "pod".into(),
+            source: "rdu-k8s".into(),
+            start: start.parse().unwrap(),
+            end: None,
+            context: ctx,
+        }
+    }
+
+    fn ns(name: &str, labels: &[(&str, &str)]) -> WorkloadContext {
+        WorkloadContext {
+            namespace: Some(name.into()),
+            namespace_labels: super::tests::labels(labels),
+            ..Default::default()
+        }
+    }
+
+    /// A rule on the namespace's label places the GPU by the pod holding it, and says which
+    /// namespace on which cluster, from which source, since when.
+    #[test]
+    fn workload_rules_place_a_gpu_by_its_holder() {
+        let rules = OwnershipRules {
+            assignments: vec![],
+            rules: vec![
+                Rule {
+                    name: Some("slurm".into()),
+                    when: vec![(Attr::SlurmPartition, "a100*".into())],
+                    team: Some(Setting::From(Attr::SlurmAccount)),
+                    env: Some(Setting::Name("research".into())),
+                },
+                Rule {
+                    name: Some("namespace team".into()),
+                    when: vec![(Attr::Namespace, "*-prod".into())],
+                    team: Some(Setting::From(Attr::NamespaceLabel("team".into()))),
+                    env: Some(Setting::Name("prod".into())),
+                },
+            ],
+        };
+        assert!(rules.reads_workloads());
+        let none = labels(&[]);
+        let held = [holder(
+            "nlp-prod/llm-ft-0",
+            "2026-12-02T08:00:00Z",
+            ns("nlp-prod", &[("team", "NLP")]),
+        )];
+        let o = rules.decide(&GpuFacts {
+            holders: &held,
+            ..facts(&none, "node-1")
+        });
+        assert_eq!((o.team.as_str(), o.env.as_str()), ("nlp", "prod"));
+        assert!(
+            o.reason.starts_with(
+                "owner: nlp — rule 2 `namespace team`: namespace `nlp-prod`, namespace label \
+                 `team` `NLP` on rdu-ocp-1/nlp-prod (held by pod nlp-prod/llm-ft-0 on \
+                 rdu-ocp-1, from source rdu-k8s, since 2026-12-02 08:00 UTC); env: prod"
+            ),
+            "{}",
+            o.reason
+        );
+        // No holder: the workload rules cannot apply, and the GPU is unowned.
+        let o = rules.decide(&facts(&none, "node-1"));
+        assert_eq!(o.team, UNOWNED);
+
+        // Time-slicing: two pods of different namespaces. The earliest wins; the other is named.
+        let held = [
+            holder(
+                "nlp-prod/a",
+                "2026-12-02T08:00:00Z",
+                ns("nlp-prod", &[("team", "nlp")]),
+            ),
+            holder(
+                "vision-prod/b",
+                "2026-12-02T09:00:00Z",
+                ns("vision-prod", &[("team", "vision")]),
+            ),
+        ];
+        let o = rules.decide(&GpuFacts {
+            holders: &held,
+            ..facts(&none, "node-1")
+        });
+        assert_eq!(o.team, "nlp");
+        assert!(
+            o.reason.contains(
+                "(conflict: pod vision-prod/b would place it in vision; the earliest holder wins)"
+            ),
+            "{}",
+            o.reason
+        );
+
+        // A Slurm job's account and partition.
+        let job = [Holder {
+            kind: "slurm_job".into(),
+            ..holder(
+                "rdu-slurm/81234",
+                "2026-12-01T22:00:00Z",
+                WorkloadContext {
+                    slurm_account: Some("speech".into()),
+                    slurm_partition: Some("a100-long".into()),
+                    ..Default::default()
+                },
+            )
+        }];
+        let o = rules.decide(&GpuFacts {
+            holders: &job,
+            ..facts(&none, "node-1")
+        });
+        assert_eq!((o.team.as_str(), o.env.as_str()), ("speech", "research"));
+        assert!(
+            o.reason.starts_with(
+                "owner: speech — rule 1 `slurm`: Slurm partition `a100-long`, Slurm account \
+                 `speech` (held by Slurm job rdu-slurm/81234 on rdu-ocp-1, from source rdu-k8s, \
+                 since 2026-12-01 22:00 UTC)"
+            ),
+            "{}",
+            o.reason
+        );
+    }
+
+    #[test]
+    fn the_cloud_account_is_a_gpu_attribute() {
+        let rules = OwnershipRules {
+            assignments: vec![],
+            rules: vec![Rule {
+                name: None,
+                when: vec![(Attr::Account, "1234*".into())],
+                team: Some(Setting::Name("platform".into())),
+                env: None,
+            }],
+        };
+        assert!(!rules.reads_workloads());
+        let none = labels(&[]);
+        let o = rules.decide(&facts(&none, "n"));
+        assert!(
+            o.reason
+                .starts_with("owner: platform — rule 1: account `123456789012`;"),
+            "{}",
+            o.reason
+        );
     }
 }

@@ -8,7 +8,9 @@ pub mod push;
 pub mod view;
 
 pub use observation::{HostGpus, Observation, Provenance};
-pub use push::{AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample};
+pub use push::{
+    AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, WorkloadContext,
+};
 pub use view::{
     Allocation, AttributeProvenance, Conflict, GpuDetail, GpuState, GpuView, HourPoint,
     OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup, TeamInfo,

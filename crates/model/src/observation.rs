@@ -24,6 +24,9 @@ pub struct HostGpus {
     pub cloud: Option<Cloud>,
     pub region: Option<String>,
     pub instance_type: Option<String>,
+    /// The cloud account, project or subscription (see [`crate::PushGpu::account`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }

@@ -78,6 +78,10 @@ pub struct PushGpu {
     pub region: Option<String>,
     #[serde(default)]
     pub instance_type: Option<String>,
+    /// The cloud account it is billed to: an AWS account ID, a GCP project, an Azure
+    /// subscription. Ownership rules and contract prices can match it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     #[serde(default)]
     pub serial: Option<String>,
     #[serde(default)]
@@ -168,6 +172,50 @@ pub struct PushAllocation {
     /// the source knows one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// What the source knows of the workload beyond its name, for ownership rules that place
+    /// a GPU by the workload holding it.
+    #[serde(default, skip_serializing_if = "WorkloadContext::is_empty")]
+    pub context: WorkloadContext,
+}
+
+/// A workload's Kubernetes namespace with the labels and annotations of the pod and of the
+/// namespace, or its Slurm account and partition. Every field is optional: what a source does
+/// not say is unknown. Ownership rules match these as `namespace`, `pod.label.<key>`,
+/// `pod.annotation.<key>`, `namespace.label.<key>`, `namespace.annotation.<key>`,
+/// `slurm.account` and `slurm.partition`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadContext {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespace_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespace_annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_account: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_partition: Option<String>,
+}
+
+impl WorkloadContext {
+    pub fn is_empty(&self) -> bool {
+        *self == WorkloadContext::default()
+    }
+
+    /// The label and annotation maps with their field names, for validation.
+    pub fn maps(&self) -> [(&'static str, &BTreeMap<String, String>); 4] {
+        [
+            ("pod_labels", &self.pod_labels),
+            ("pod_annotations", &self.pod_annotations),
+            ("namespace_labels", &self.namespace_labels),
+            ("namespace_annotations", &self.namespace_annotations),
+        ]
+    }
 }
 
 #[cfg(test)]

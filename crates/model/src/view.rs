@@ -125,6 +125,9 @@ pub struct GpuView {
     pub cloud: Option<String>,
     pub region: Option<String>,
     pub instance_type: Option<String>,
+    /// The cloud account, project or subscription.
+    #[serde(default)]
+    pub account: Option<String>,
     pub serial: Option<String>,
     pub pci_bus_id: Option<String>,
     pub team: String,
@@ -183,6 +186,9 @@ pub struct Allocation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     pub source: String,
+    /// The namespace, labels and annotations, or Slurm account and partition the source gave.
+    #[serde(default, skip_serializing_if = "crate::WorkloadContext::is_empty")]
+    pub context: crate::WorkloadContext,
 }
 
 /// A GPU with its history in a window.

@@ -345,7 +345,8 @@ impl Store {
     ) -> Result<Vec<gpuledger_model::Allocation>> {
         let (clause, binds) = self.filtered_ids_clause(filters, 4);
         let sql = format!(
-            "SELECT g.uuid, a.start_ts, a.end_ts, a.workload, a.kind, a.user_name, a.team, a.owner, a.source \
+            "SELECT g.uuid, a.start_ts, a.end_ts, a.workload, a.kind, a.user_name, a.team, a.owner, \
+             a.source, a.context \
              FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
              WHERE a.start_ts < $2 AND (a.end_ts IS NULL OR a.end_ts > $1){clause} \
              ORDER BY a.start_ts DESC, a.workload LIMIT $3"

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use gpuledger_ledger::merge::attributes;
+use gpuledger_ledger::ownership::Holder;
 use gpuledger_ledger::{merge_gpu, GpuRecord, Rejection, Validated};
 use gpuledger_model::{
     day_floor, hour_floor, HostGpus, PushAllocation, PushGpu, DAY_SECS, HOUR_SECS,
@@ -100,6 +101,8 @@ struct Touched {
     presence: BTreeSet<i64>,
     activity: Option<(i64, i64)>,
     flags: Option<(i64, i64)>,
+    /// Allocations moved onto this GPU: its holders may have changed.
+    holders: bool,
 }
 
 fn widen(r: &mut Option<(i64, i64)>, lo: i64, hi: i64) {
@@ -328,8 +331,10 @@ impl Store {
             }
             let start = a.start.timestamp();
             let end = a.end.map(|e| e.timestamp());
+            let context = (!a.context.is_empty())
+                .then(|| serde_json::to_string(&a.context).unwrap_or_default());
             let old: Option<StoredAllocation> = sqlx::query_as(&self.sql(
-                "SELECT end_ts, source, kind, user_name, team, owner FROM allocations \
+                "SELECT end_ts, source, kind, user_name, team, owner, context FROM allocations \
                      WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
             ))
             .bind(*id)
@@ -337,7 +342,7 @@ impl Store {
             .bind(start)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some((old_end, old_source, kind, user, team, owner)) = &old {
+            if let Some((old_end, old_source, kind, user, team, owner, old_context)) = &old {
                 if old_source != &who.source {
                     out.rejected.push(Rejection::forbidden(
                         format!("allocations[{i}]"),
@@ -354,6 +359,7 @@ impl Store {
                     && user == &a.user
                     && team == &a.team
                     && owner == &a.owner
+                    && old_context == &context
                 {
                     out.duplicates.allocations += 1;
                     continue;
@@ -362,11 +368,11 @@ impl Store {
                 out.accepted.allocations += 1;
             }
             sqlx::query(&self.sql(
-                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source, owner) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
+                 source, owner, context) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                  ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
                  kind = excluded.kind, user_name = excluded.user_name, team = excluded.team, \
-                 owner = excluded.owner",
+                 owner = excluded.owner, context = excluded.context",
             ))
             .bind(*id)
             .bind(start)
@@ -377,6 +383,7 @@ impl Store {
             .bind(a.team.clone())
             .bind(who.source.clone())
             .bind(a.owner.clone())
+            .bind(context)
             .execute(&mut *tx)
             .await?;
             let old_end = old.and_then(|o| o.0);
@@ -393,7 +400,13 @@ impl Store {
             );
         }
 
-        // Roll up what changed.
+        // Owners that follow the workloads holding a GPU, then roll up what changed.
+        let held: Vec<i64> = touched
+            .iter()
+            .filter(|(_, t)| t.flags.is_some() || t.holders)
+            .map(|(id, _)| *id)
+            .collect();
+        self.refresh_holders(&mut tx, &held).await?;
         self.reroll(&mut tx, &touched).await?;
         self.record_attempt(&mut tx, who, &out, now_secs).await?;
         tx.commit().await?;
@@ -457,6 +470,7 @@ impl Store {
             cloud: host_gpus.cloud,
             region: host_gpus.region.clone(),
             instance_type: host_gpus.instance_type.clone(),
+            account: host_gpus.account.clone(),
             serial: None,
             pci_bus_id: None,
             mig_parent_uuid: None,
@@ -475,13 +489,10 @@ impl Store {
                 if let Some(old) = old {
                     rec.first_seen = old.first_seen.min(observed_at);
                     rec.last_seen = old.last_seen.max(observed_at);
+                    rec.holders = old.holders.clone();
                 }
                 rec.placeholder = true;
-                rec.owner_reason = format!(
-                    "placeholder: {host} has {count} GPU(s) by source {}, not yet named by a \
-                     UUID-aware source; {}",
-                    who.source, rec.owner_reason
-                );
+                rec.rederive(&self.settings);
                 rec
             } else {
                 merge_gpu(old, &g, &who.source, &self.settings)
@@ -749,12 +760,15 @@ impl Store {
     ) -> Result<i64> {
         let labels = serde_json::to_string(&r.labels).unwrap_or_else(|_| "{}".into());
         let seen = serde_json::to_string(&r.seen).unwrap_or_else(|_| "{}".into());
+        let holders = serde_json::to_string(&r.holders).unwrap_or_else(|_| "[]".into());
         let origin = serde_json::to_string(&r.rate.origin).unwrap_or_else(|_| "{}".into());
         let id: i64 = sqlx::query_scalar(&self.sql(
             "INSERT INTO gpus (uuid, model, memory_mib, host, cluster, cloud, region, instance_type, \
              serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
-             first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen) \
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23) \
+             first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, \
+             account, holders) \
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23, \
+             $24,$25) \
              ON CONFLICT (uuid) DO UPDATE SET model = excluded.model, memory_mib = excluded.memory_mib, \
              host = excluded.host, cluster = excluded.cluster, cloud = excluded.cloud, \
              region = excluded.region, instance_type = excluded.instance_type, serial = excluded.serial, \
@@ -763,7 +777,8 @@ impl Store {
              placeholder = excluded.placeholder, first_seen = excluded.first_seen, \
              last_seen = excluded.last_seen, team = excluded.team, env = excluded.env, \
              owner_reason = excluded.owner_reason, usd_per_hour = excluded.usd_per_hour, \
-             rate_origin = excluded.rate_origin, attr_seen = excluded.attr_seen RETURNING id",
+             rate_origin = excluded.rate_origin, attr_seen = excluded.attr_seen, \
+             account = excluded.account, holders = excluded.holders RETURNING id",
         ))
         .bind(r.uuid.clone())
         .bind(r.model.clone())
@@ -788,6 +803,8 @@ impl Store {
         .bind(r.rate.usd_per_hour)
         .bind(origin)
         .bind(seen)
+        .bind(r.account.clone())
+        .bind(holders)
         .fetch_one(&mut **tx)
         .await?;
         if let Some(at) = owner_at {
@@ -870,6 +887,90 @@ impl Store {
         Ok(())
     }
 
+    /// Keep the holders of the GPUs `ids` (and of the physical GPUs of MIG instances among
+    /// them) in step with their allocations: the open ones, oldest first, or else the last one
+    /// to start. Ownership rules on namespaces, pod labels or Slurm accounts read them, so a
+    /// GPU whose owner changes with its holders opens a new owner period at the newest
+    /// holder's start.
+    pub(crate) async fn refresh_holders(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+    ) -> Result<()> {
+        let mut targets: BTreeSet<i64> = ids.iter().copied().collect();
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT p.id FROM gpus c JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+                 WHERE c.id IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query_scalar::<_, i64>(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            targets.extend(q.fetch_all(&mut **tx).await?);
+        }
+        for id in targets {
+            let Some(row) =
+                sqlx::query(&self.sql(&format!("SELECT {GPU_COLUMNS} FROM gpus WHERE id = $1")))
+                    .bind(id)
+                    .fetch_optional(&mut **tx)
+                    .await?
+            else {
+                continue;
+            };
+            let (id, old) = gpu_from_row(&row)?;
+            let family = "FROM allocations WHERE (gpu_id = $1 OR gpu_id IN \
+                          (SELECT id FROM gpus WHERE mig_parent_uuid = $2))";
+            let cols = "SELECT workload, kind, source, start_ts, end_ts, context";
+            let mut rows: Vec<HolderRow> = sqlx::query_as(&self.sql(&format!(
+                "{cols} {family} AND end_ts IS NULL ORDER BY start_ts, workload LIMIT 32"
+            )))
+            .bind(id)
+            .bind(old.uuid.clone())
+            .fetch_all(&mut **tx)
+            .await?;
+            if rows.is_empty() {
+                rows = sqlx::query_as(&self.sql(&format!(
+                    "{cols} {family} ORDER BY start_ts DESC, end_ts DESC, workload LIMIT 1"
+                )))
+                .bind(id)
+                .bind(old.uuid.clone())
+                .fetch_all(&mut **tx)
+                .await?;
+            }
+            let mut holders: Vec<Holder> = Vec::with_capacity(rows.len());
+            for (workload, kind, source, start, end, context) in rows {
+                // One workload on two MIG instances, or reported by two sources, holds once.
+                if holders.iter().any(|h| h.workload == workload) {
+                    continue;
+                }
+                holders.push(Holder {
+                    workload,
+                    kind,
+                    source,
+                    start: secs(start),
+                    end: end.map(secs),
+                    context: context
+                        .and_then(|c| serde_json::from_str(&c).ok())
+                        .unwrap_or_default(),
+                });
+            }
+            if holders == old.holders {
+                continue;
+            }
+            let mut rec = old.clone();
+            rec.holders = holders;
+            rec.rederive(&self.settings);
+            let at = rec.holders.iter().map(|h| h.start.timestamp()).max();
+            let owner_at = at.filter(|_| owner_changed(Some(&old), &rec));
+            self.upsert_gpu(tx, &rec, owner_at).await?;
+        }
+        Ok(())
+    }
+
     /// A real GPU first reported on `host` takes over one placeholder of that host: its hours
     /// and allocations move to the real GPU and the placeholder goes away (BRIEF section 4).
     async fn absorb_placeholder(
@@ -892,9 +993,16 @@ impl Store {
         };
         // What the count source knew of the host and the real GPU's source did not say.
         let mut fill = String::from("UPDATE gpus SET ");
-        for (i, col) in ["memory_mib", "cluster", "cloud", "region", "instance_type"]
-            .iter()
-            .enumerate()
+        for (i, col) in [
+            "memory_mib",
+            "cluster",
+            "cloud",
+            "region",
+            "instance_type",
+            "account",
+        ]
+        .iter()
+        .enumerate()
         {
             if i > 0 {
                 fill.push_str(", ");
@@ -913,8 +1021,9 @@ impl Store {
             "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
              SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
              FROM gpu_hours WHERE gpu_id = $2 ON CONFLICT (gpu_id, hour) DO NOTHING",
-            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, source, owner) \
-             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner \
+            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
+             source, owner, context) \
+             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner, context \
              FROM allocations WHERE gpu_id = $2 ON CONFLICT (gpu_id, workload, start_ts) DO NOTHING",
         ] {
             sqlx::query(&self.sql(sql))
@@ -940,8 +1049,9 @@ impl Store {
             .bind(ph_id)
             .execute(&mut **tx)
             .await?;
+        let t = touched.entry(real_id).or_default();
+        t.holders = true;
         if hi >= lo && hi > 0 {
-            let t = touched.entry(real_id).or_default();
             widen(&mut t.flags, lo, hi + HOUR_SECS);
         }
         Ok(())
@@ -1156,10 +1266,18 @@ impl Store {
 
 /// An allocation as stored: end, source, kind, user, team.
 /// `end_ts, source, kind, user_name, team, owner` of a stored allocation.
+/// An allocation as a holder: workload, kind, source, start, end, context.
+type HolderRow = (String, String, String, i64, Option<i64>, Option<String>);
+
+fn secs(t: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(t, 0).unwrap_or_default()
+}
+
 type StoredAllocation = (
     Option<i64>,
     String,
     String,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,

@@ -76,6 +76,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "owner_history",
         include_str!("../migrations/sqlite/0003_owner_history.sql"),
     ),
+    (
+        4,
+        "workload_ownership",
+        include_str!("../migrations/sqlite/0004_workload_ownership.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -92,6 +97,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "owner_history",
         include_str!("../migrations/postgres/0003_owner_history.sql"),
+    ),
+    (
+        4,
+        "workload_ownership",
+        include_str!("../migrations/postgres/0004_workload_ownership.sql"),
     ),
 ];
 
@@ -259,6 +269,7 @@ impl Store {
     /// environment and rate of every GPU (the config's rates may have changed), and rebuild the
     /// day rollups when the idle threshold differs from the one they were built with.
     async fn apply_settings(&self) -> Result<()> {
+        self.fill_holders_once().await?;
         self.rederive_all_gpus().await?;
         let want = self.settings.idle_threshold_pct.to_string();
         let have: Option<String> = sqlx::query_scalar(
@@ -279,6 +290,28 @@ impl Store {
             .execute(&self.pool)
             .await?;
         }
+        Ok(())
+    }
+
+    /// A database from before holders were kept gets them once from its allocations.
+    async fn fill_holders_once(&self) -> Result<()> {
+        let done: Option<String> =
+            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = 'holders'"))
+                .fetch_optional(&self.pool)
+                .await?;
+        if done.is_some() {
+            return Ok(());
+        }
+        let _writer = self.write_lock.lock().await;
+        let ids: Vec<i64> = sqlx::query_scalar("SELECT DISTINCT gpu_id FROM allocations")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut tx = self.pool.begin().await?;
+        self.refresh_holders(&mut tx, &ids).await?;
+        sqlx::query(&self.sql("INSERT INTO meta (key, value) VALUES ('holders', '1')"))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -19,7 +19,8 @@ use crate::{Result, Store, StoreError, OPEN_END};
 
 pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
     instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
-    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen";
+    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, account, \
+    holders";
 
 fn ts(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
@@ -29,6 +30,7 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
     let labels: String = row.try_get("labels")?;
     let origin: String = row.try_get("rate_origin")?;
     let seen: String = row.try_get("attr_seen")?;
+    let holders: String = row.try_get("holders")?;
     let rec = GpuRecord {
         uuid: row.try_get("uuid")?,
         model: row.try_get("model")?,
@@ -40,6 +42,7 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
         cloud: row.try_get("cloud")?,
         region: row.try_get("region")?,
         instance_type: row.try_get("instance_type")?,
+        account: row.try_get("account")?,
         serial: row.try_get("serial")?,
         pci_bus_id: row.try_get("pci_bus_id")?,
         mig_parent_uuid: row.try_get("mig_parent_uuid")?,
@@ -57,12 +60,13 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
             origin: serde_json::from_str(&origin).unwrap_or(RateOrigin::Unknown),
         },
         seen: serde_json::from_str(&seen).unwrap_or_default(),
+        holders: serde_json::from_str(&holders).unwrap_or_default(),
     };
     Ok((row.try_get("id")?, rec))
 }
 
-/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source`) of
-/// `gpu_uuid`.
+/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source,
+/// context`) of `gpu_uuid`.
 pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Allocation> {
     Ok(Allocation {
         gpu_uuid,
@@ -74,6 +78,10 @@ pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Alloca
         team: r.try_get("team")?,
         owner: r.try_get("owner")?,
         source: r.try_get("source")?,
+        context: r
+            .try_get::<Option<String>, _>("context")?
+            .and_then(|c| serde_json::from_str(&c).ok())
+            .unwrap_or_default(),
     })
 }
 
@@ -177,6 +185,7 @@ impl Store {
             cloud: rec.cloud,
             region: rec.region,
             instance_type: rec.instance_type,
+            account: rec.account,
             serial: rec.serial,
             pci_bus_id: rec.pci_bus_id,
             team: rec.team,
@@ -291,7 +300,8 @@ impl Store {
         })
         .collect::<Result<Vec<_>>>()?;
         let allocations = sqlx::query(&self.sql(
-            "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source FROM allocations \
+            "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source, context \
+             FROM allocations \
              WHERE gpu_id = $1 AND start_ts < $3 AND (end_ts IS NULL OR end_ts > $2) \
              ORDER BY start_ts, workload",
         ))
@@ -366,9 +376,7 @@ impl Store {
         for row in &rows {
             let (id, stored) = gpu_from_row(row)?;
             let mut rec = stored.clone();
-            if !rec.placeholder {
-                rec.rederive(&self.settings);
-            }
+            rec.rederive(&self.settings);
             if rec != stored {
                 self.upsert_gpu(&mut tx, &rec, None).await?;
             }
@@ -624,11 +632,7 @@ impl Store {
         for row in &rows {
             let (id, rec) = gpu_from_row(row)?;
             let mut again = rec.clone();
-            if !again.placeholder {
-                again.rederive(&self.settings);
-            } else {
-                again.rate = self.settings.rates.rate_for(&again.rate_facts());
-            }
+            again.rederive(&self.settings);
             if again != rec {
                 changed.insert(id, again);
             }

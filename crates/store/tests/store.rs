@@ -1136,3 +1136,204 @@ mod owner_history {
         .await;
     }
 }
+
+/// Ownership by the workloads holding a GPU, on both backends: a rule on the namespace's
+/// `team` label places a Kubernetes placeholder by the pod on it; the real GPU that absorbs
+/// the placeholder takes over its pods and so its owner; the owner stays after the pod ends
+/// (the last holder still decides) and changes, from the hour it starts, when a pod of another
+/// namespace takes the GPU. Two pods at once: the earlier one decides and the other is named.
+async fn workload_rules_follow_the_pods_holding_a_gpu(
+    open: impl Fn(Settings) -> std::pin::Pin<Box<dyn std::future::Future<Output = Store>>>,
+) {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    let mut settings = Settings::default();
+    settings.ownership.rules.push(Rule {
+        name: Some("namespace team".into()),
+        when: vec![(Attr::Namespace, "*-prod".into())],
+        team: Some(Setting::From(Attr::NamespaceLabel("team".into()))),
+        env: Some(Setting::Name("prod".into())),
+    });
+    let store = open(settings).await;
+    let k8s = who("k8s", None);
+    let node = HostGpus {
+        host: "node-q".into(),
+        count: 1,
+        model: Some("Tesla T4".into()),
+        cluster: Some("c1".into()),
+        ..Default::default()
+    };
+    store
+        .observe_host_gpu_count(&k8s, &node, t("2026-12-02T08:00:00Z"))
+        .await
+        .unwrap();
+    let pod = |ns: &str, name: &str, start: &str, end: Option<&str>| {
+        let end = end.map(|e| format!("\"{e}\"")).unwrap_or("null".into());
+        format!(
+            r#"{{"allocations":[{{"gpu_uuid":"placeholder:node-q:0","start":"{start}","end":{end},"workload":"{ns}/{name}","kind":"pod","context":{{"namespace":"{ns}","namespace_labels":{{"team":"{team}"}}}}}}]}}"#,
+            team = ns.trim_end_matches("-prod")
+        )
+    };
+    let owner = |store: &Store, uuid: &'static str| {
+        let store = store.clone();
+        async move {
+            let d = store
+                .gpu_detail(uuid, dec2(), now())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("no GPU {uuid}"));
+            let periods: Vec<(String, Option<String>, Option<String>)> = d
+                .owner_history
+                .iter()
+                .map(|p| {
+                    let hm = |t: Option<DateTime<Utc>>| t.map(|t| t.format("%H:%M").to_string());
+                    (p.team.clone(), hm(p.from), hm(p.to))
+                })
+                .collect();
+            (d.gpu, periods)
+        }
+    };
+    let ph = "placeholder:node-q:0";
+    collect_at(
+        &store,
+        &k8s,
+        &pod("nlp-prod", "a", "2026-12-02T08:20:00Z", None),
+        t("2026-12-02T08:21:00Z"),
+    )
+    .await;
+    let (g, _) = owner(&store, ph).await;
+    assert_eq!((g.team.as_str(), g.env.as_str()), ("nlp", "prod"));
+    assert!(
+        g.owner_reason.starts_with(
+            "placeholder: a GPU of node-q counted by source k8s, not yet named by a UUID-aware \
+             source; owner: nlp — rule 1 `namespace team`: namespace `nlp-prod`, namespace label \
+             `team` `nlp` on c1/nlp-prod (held by pod nlp-prod/a on c1, from source k8s, since \
+             2026-12-02 08:20 UTC); env: prod"
+        ),
+        "{}",
+        g.owner_reason
+    );
+
+    // dcgm names the GPU: it absorbs the placeholder with its pod, and so its owner.
+    push_at(
+        &store,
+        &who("dcgm", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","host":"node-q","observed_at":"2026-12-02T09:05:00Z"}}]}}"#
+        ),
+        t("2026-12-02T09:05:00Z"),
+    )
+    .await;
+    let (g, periods) = owner(&store, A).await;
+    assert_eq!(g.team, "nlp", "{}", g.owner_reason);
+    assert_eq!(
+        periods,
+        [
+            ("unowned".to_string(), None, Some("08:00".to_string())),
+            ("nlp".to_string(), Some("08:00".to_string()), None)
+        ]
+    );
+
+    // The pod ends; the GPU stays nlp's. A vision pod takes it at 10:30.
+    collect_at(
+        &store,
+        &k8s,
+        &pod(
+            "nlp-prod",
+            "a",
+            "2026-12-02T08:20:00Z",
+            Some("2026-12-02T10:00:00Z"),
+        ),
+        t("2026-12-02T10:01:00Z"),
+    )
+    .await;
+    assert_eq!(owner(&store, A).await.0.team, "nlp");
+    collect_at(
+        &store,
+        &k8s,
+        &pod("vision-prod", "b", "2026-12-02T10:30:00Z", None),
+        t("2026-12-02T10:31:00Z"),
+    )
+    .await;
+    let (g, periods) = owner(&store, A).await;
+    assert_eq!(g.team, "vision");
+    assert_eq!(
+        periods,
+        [
+            ("unowned".to_string(), None, Some("08:00".to_string())),
+            (
+                "nlp".to_string(),
+                Some("08:00".to_string()),
+                Some("10:00".to_string())
+            ),
+            ("vision".to_string(), Some("10:00".to_string()), None)
+        ]
+    );
+
+    // Time-slicing: an nlp pod joins while vision's runs. The earlier holder decides.
+    collect_at(
+        &store,
+        &k8s,
+        &pod("nlp-prod", "c", "2026-12-02T11:00:00Z", None),
+        t("2026-12-02T11:01:00Z"),
+    )
+    .await;
+    let (g, periods) = owner(&store, A).await;
+    assert_eq!(g.team, "vision");
+    assert_eq!(periods.len(), 3);
+    assert!(
+        g.owner_reason
+            .contains("(conflict: pod nlp-prod/c would place it in nlp; the earliest holder wins)"),
+        "{}",
+        g.owner_reason
+    );
+    // Each hour under its owner: 08–09 nlp, 10–11 vision.
+    let s = store
+        .summary(
+            Window {
+                from: t("2026-12-02T08:00:00Z").timestamp(),
+                to: t("2026-12-02T12:00:00Z").timestamp(),
+            },
+            &Filters::default(),
+            GroupBy::Team,
+            now(),
+        )
+        .await
+        .unwrap();
+    let hours: Vec<(&str, i64, i64)> = s
+        .groups
+        .iter()
+        .map(|g| (g.key.as_str(), g.gpus, g.gpu_hours))
+        .collect();
+    assert_eq!(hours, [("nlp", 1, 2), ("vision", 1, 2)], "{hours:?}");
+    assert_eq!(s.total.gpus, 1);
+}
+
+mod workload_rules {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite() {
+        let dir = tempdir::Dir::new();
+        let url = format!("sqlite://{}/w.db", dir.0.display());
+        workload_rules_follow_the_pods_holding_a_gpu(move |s| {
+            let url = url.clone();
+            Box::pin(async move { Store::open(&url, s).await.unwrap() })
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn postgres() {
+        let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+            eprintln!("skipped: PostgreSQL half of `workload_rules` (set GPULEDGER_TEST_PG_URL)");
+            return;
+        };
+        let schema = format!("t_workload_rules_{}", std::process::id());
+        Store::drop_schema(&url, &schema).await.unwrap();
+        workload_rules_follow_the_pods_holding_a_gpu(move |s| {
+            let (url, schema) = (url.clone(), schema.clone());
+            Box::pin(async move { Store::open_in_schema(&url, Some(&schema), s).await.unwrap() })
+        })
+        .await;
+    }
+}

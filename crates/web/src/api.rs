@@ -48,7 +48,7 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
-const GPU_CSV_HEADER: [&str; 20] = [
+const GPU_CSV_HEADER: [&str; 21] = [
     "uuid",
     "model",
     "memory_mib",
@@ -57,6 +57,7 @@ const GPU_CSV_HEADER: [&str; 20] = [
     "cloud",
     "region",
     "instance_type",
+    "account",
     "team",
     "env",
     "owner_reason",
@@ -81,6 +82,7 @@ fn gpu_csv_row(g: &GpuView) -> Vec<String> {
         opt(&g.cloud),
         opt(&g.region),
         opt(&g.instance_type),
+        opt(&g.account),
         g.team.clone(),
         g.env.clone(),
         g.owner_reason.clone(),

@@ -93,6 +93,7 @@ pub async fn gpu_page(
             opt(&g.instance_type),
             said_by("instance_type"),
         ),
+        ("Cloud account".into(), opt(&g.account), said_by("account")),
         ("Owner (team)".into(), g.team.clone(), {
             let mut why = g.owner_reason.clone();
             for c in d
@@ -247,6 +248,11 @@ pub async fn gpu_page(
             ),
             col("User", "Who ran it, when the source says."),
             col("Used by", "The team the allocation names."),
+            col(
+                "Context",
+                "Namespace, or Slurm account and partition, as the source gave them; \
+                 ownership rules may read these and the labels behind them.",
+            ),
             col("Start", "When it started (UTC)."),
             col("End", "When it ended; 'running' while open."),
             col("Source", "Which source reported it."),
@@ -259,6 +265,7 @@ pub async fn gpu_page(
             Cell::text(a.owner.clone().unwrap_or_else(|| "—".into())),
             Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
             Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(context_text(&a.context)),
             Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
             Cell::text(
                 a.end
@@ -340,4 +347,23 @@ pub async fn gpu_page(
     };
     let tables = [&page.allocations, &page.provenance, &page.owners];
     respond(&page, &tables, &p)
+}
+
+/// `namespace nlp-prod` / `Slurm account speech, partition a100`, or `—`.
+fn context_text(c: &gpuledger_model::WorkloadContext) -> String {
+    let mut parts = Vec::new();
+    if let Some(ns) = &c.namespace {
+        parts.push(format!("namespace {ns}"));
+    }
+    if let Some(a) = &c.slurm_account {
+        parts.push(format!("Slurm account {a}"));
+    }
+    if let Some(p) = &c.slurm_partition {
+        parts.push(format!("partition {p}"));
+    }
+    if parts.is_empty() {
+        "—".into()
+    } else {
+        parts.join(", ")
+    }
 }

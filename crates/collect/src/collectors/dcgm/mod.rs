@@ -559,6 +559,7 @@ impl DcgmCollector {
         for key in gone {
             if let Some(h) = held.remove(&key) {
                 let a = PushAllocation {
+                    context: Default::default(),
                     gpu_uuid: key.1,
                     start: h.start,
                     end: Some(h.last),

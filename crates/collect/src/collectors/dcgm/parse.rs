@@ -431,6 +431,7 @@ impl Hold {
     /// the GPU's newest reading still carries them.
     pub fn allocation(&self) -> PushAllocation {
         PushAllocation {
+            context: Default::default(),
             gpu_uuid: self.gpu_uuid.clone(),
             start: self.first,
             end: (self.last < self.gpu_newest).then_some(self.last),
@@ -677,6 +678,7 @@ fn emit_gpu(out: &mut Mapped, uuid: &str, gpu: &Gpu) {
     }
     let latest = e.readings.values().next_back();
     out.gpus.push(PushGpu {
+        account: None,
         uuid: uuid.to_string(),
         model: model.clone(),
         memory_mib: latest.and_then(memory_mib),
@@ -712,6 +714,7 @@ fn emit_gpu(out: &mut Mapped, uuid: &str, gpu: &Gpu) {
         let mut inst_labels = labels.clone();
         inst_labels.insert("gpu_instance_id".to_string(), gi.clone());
         out.gpus.push(PushGpu {
+            account: None,
             uuid: mig_uuid.clone(),
             model: model.clone(),
             memory_mib: inst.readings.values().next_back().and_then(memory_mib),

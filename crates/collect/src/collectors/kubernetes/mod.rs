@@ -413,6 +413,7 @@ impl KubernetesCollector {
             }
             report.observations.push(Observation::HostGpuCount {
                 gpus: HostGpus {
+                    account: g.account.clone(),
                     host: g.node.clone(),
                     count: g.physical,
                     model: g.model.clone(),
@@ -501,10 +502,12 @@ impl KubernetesCollector {
             let namespace = ns.get(&p.namespace).copied();
             let team = parse::lookup(&self.config.team_keys, p, namespace).map(|t| t.0);
             let user = parse::lookup(&self.config.user_keys, p, namespace).map(|t| t.0);
+            let context = parse::workload_context(p, namespace);
             let start = p.start.unwrap_or(now);
             let allocations: Vec<PushAllocation> = mine
                 .iter()
                 .map(|slot| PushAllocation {
+                    context: context.clone(),
                     // The pool's slot: the store moves it to the exact GPU once one is known.
                     gpu_uuid: placeholder_uuid(node, if pool == 0 { *slot } else { slot % pool }),
                     start,

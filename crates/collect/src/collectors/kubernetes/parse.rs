@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use gpuledger_model::Cloud;
+use gpuledger_model::{Cloud, WorkloadContext};
 use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -66,6 +66,8 @@ pub struct NodeGpus {
     pub cloud: Option<Cloud>,
     /// The cloud's instance ID from the provider ID (`i-0b49…`, a GCE instance name).
     pub instance_id: Option<String>,
+    /// The GCP project or Azure subscription from the provider ID.
+    pub account: Option<String>,
     /// Labels that may say who owns the node (system labels left out).
     pub labels: BTreeMap<String, String>,
     /// What could not be read, naming the field.
@@ -141,34 +143,55 @@ fn model_from_product(product: &str) -> String {
     p.replace('-', " ")
 }
 
-fn cloud_of_provider_id(id: &str) -> (Option<Cloud>, Option<String>, Option<String>) {
+/// A node's provider ID read: cloud, instance ID, zone, and account (the GCP project or the
+/// Azure subscription; an AWS provider ID names no account).
+struct ProviderId {
+    cloud: Option<Cloud>,
+    instance: Option<String>,
+    zone: Option<String>,
+    account: Option<String>,
+}
+
+fn cloud_of_provider_id(id: &str) -> ProviderId {
+    let none = ProviderId {
+        cloud: None,
+        instance: None,
+        zone: None,
+        account: None,
+    };
     let Some((scheme, rest)) = id.split_once("://") else {
-        return (None, None, None);
+        return none;
     };
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let part = |i: usize| parts.get(i).map(|s| s.to_string());
     match scheme {
         // aws:///us-east-1a/i-0b498db53280b86a6
-        "aws" => (
-            Some(Cloud::Aws),
-            parts.last().map(|s| s.to_string()),
-            parts
-                .first()
-                .filter(|_| parts.len() > 1)
-                .map(|s| s.to_string()),
-        ),
+        "aws" => ProviderId {
+            cloud: Some(Cloud::Aws),
+            instance: parts.last().map(|s| s.to_string()),
+            zone: part(0).filter(|_| parts.len() > 1),
+            account: None,
+        },
         // gce://project/us-central1-a/instance-name
-        "gce" => (
-            Some(Cloud::Gcp),
-            parts.get(2).map(|s| s.to_string()),
-            parts.get(1).map(|s| s.to_string()),
-        ),
-        // azure:///subscriptions/…/virtualMachines/name (or …/virtualMachineScaleSets/…/7)
-        "azure" => (
-            Some(Cloud::Azure),
-            parts.last().map(|s| s.to_string()),
-            None,
-        ),
-        _ => (None, None, None),
+        "gce" => ProviderId {
+            cloud: Some(Cloud::Gcp),
+            instance: part(2),
+            zone: part(1),
+            account: part(0).filter(|_| parts.len() > 1),
+        },
+        // azure:///subscriptions/<id>/resourceGroups/…/virtualMachines/name (or
+        // …/virtualMachineScaleSets/…/virtualMachines/7)
+        "azure" => ProviderId {
+            cloud: Some(Cloud::Azure),
+            instance: parts.last().map(|s| s.to_string()),
+            zone: None,
+            account: part(1).filter(|_| {
+                parts
+                    .first()
+                    .is_some_and(|p| p.eq_ignore_ascii_case("subscriptions"))
+            }),
+        },
+        _ => none,
     }
 }
 
@@ -310,11 +333,12 @@ pub fn node_gpus(node: &Node) -> Option<NodeGpus> {
         .and_then(|s| s.provider_id.as_deref())
         .and_then(text);
     if let Some(id) = &out.provider_id {
-        let (cloud, instance, zone) = cloud_of_provider_id(id);
-        out.cloud = cloud;
-        out.instance_id = instance;
+        let p = cloud_of_provider_id(id);
+        out.cloud = p.cloud;
+        out.instance_id = p.instance;
+        out.account = p.account;
         if out.zone.is_none() {
-            out.zone = zone;
+            out.zone = p.zone;
         }
     }
     if out.region.is_none() {
@@ -493,6 +517,38 @@ pub fn lookup(
     None
 }
 
+/// Annotations that carry whole objects, not facts about ownership: never copied.
+const BULKY_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
+
+/// At most [`MAX_LABELS`] entries of a label or annotation map, each within the push
+/// contract's limits; what is too long is left out rather than cut.
+fn bounded(map: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, v)| {
+            !k.is_empty()
+                && k.len() <= MAX_TEXT
+                && v.len() <= MAX_TEXT
+                && !BULKY_ANNOTATIONS.contains(&k.as_str())
+        })
+        .take(MAX_LABELS)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// What ownership rules may read of a pod: its namespace and the labels and annotations of
+/// the pod and of the namespace.
+pub fn workload_context(pod: &PodGpus, namespace: Option<&Namespace>) -> WorkloadContext {
+    WorkloadContext {
+        namespace: text(&pod.namespace),
+        pod_labels: bounded(Some(&pod.labels)),
+        pod_annotations: bounded(Some(&pod.annotations)),
+        namespace_labels: bounded(namespace.and_then(|n| n.metadata.labels.as_ref())),
+        namespace_annotations: bounded(namespace.and_then(|n| n.metadata.annotations.as_ref())),
+        ..Default::default()
+    }
+}
+
 /// Whether a pod is a dcgm-exporter, whose name dcgm-exporter puts in its `Hostname` label.
 pub fn is_dcgm_exporter(pod: &Pod) -> bool {
     let labels = pod.metadata.labels.as_ref();
@@ -558,6 +614,56 @@ mod tests {
             (g.cloud, g.region.as_deref()),
             (Some(Cloud::Gcp), Some("us-central1"))
         );
+        assert_eq!(g.account.as_deref(), Some("proj"), "the GCP project");
+    }
+
+    #[test]
+    fn provider_ids_name_the_account_where_they_can() {
+        let azure = cloud_of_provider_id(
+            "azure:///subscriptions/5a1c-77/resourceGroups/mc_rg/providers/Microsoft.Compute/\
+             virtualMachineScaleSets/aks-gpu-1/virtualMachines/3",
+        );
+        assert_eq!(azure.account.as_deref(), Some("5a1c-77"));
+        assert_eq!(azure.instance.as_deref(), Some("3"));
+        assert_eq!(
+            cloud_of_provider_id("aws:///us-east-1a/i-0abc").account,
+            None
+        );
+        assert_eq!(cloud_of_provider_id("gce://only").account, None);
+        assert_eq!(cloud_of_provider_id("kind://docker/x").cloud, None);
+    }
+
+    #[test]
+    fn a_pods_context_keeps_labels_and_drops_bulky_annotations() {
+        let pod = PodGpus {
+            namespace: "nlp-prod".into(),
+            labels: [("app".to_string(), "llm".to_string())].into(),
+            annotations: [
+                ("owner".to_string(), "ana".to_string()),
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                    "{}".to_string(),
+                ),
+                ("huge".to_string(), "x".repeat(MAX_TEXT + 1)),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nlp-prod", "labels": {"team": "nlp"},
+                "annotations": {"openshift.io/requester": "ana"}}
+        }))
+        .unwrap();
+        let c = workload_context(&pod, Some(&ns));
+        assert_eq!(c.namespace.as_deref(), Some("nlp-prod"));
+        assert_eq!(c.pod_labels.get("app").map(String::as_str), Some("llm"));
+        assert_eq!(c.pod_annotations.len(), 1, "{:?}", c.pod_annotations);
+        assert_eq!(
+            c.namespace_labels.get("team").map(String::as_str),
+            Some("nlp")
+        );
+        assert_eq!(c.namespace_annotations.len(), 1);
+        assert!(workload_context(&pod, None).namespace_labels.is_empty());
     }
 
     #[test]
