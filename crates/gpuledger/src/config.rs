@@ -270,35 +270,7 @@ fn ownership_rules(c: &mut Checker, item: &Item, rules: &mut gpuledger_ledger::O
             &path,
             &["name", "when", "team", "team_from", "env", "env_from"],
         );
-        let mut when = Vec::new();
-        if let Some(w) = t.get("when") {
-            let table = match w {
-                Item::Table(t) => Some(t.clone()),
-                Item::Value(Value::InlineTable(i)) => Some(i.clone().into_table()),
-                _ => None,
-            };
-            match table {
-                Some(wt) => {
-                    for (k, v) in wt.iter() {
-                        let at = format!("{path}.when.{k}");
-                        match (Attr::parse(k), v.as_str()) {
-                            (Ok(a), Some(p)) => when.push((a, p.to_string())),
-                            (Err(e), _) => c.problem(v.span().or(w.span()), &at, e),
-                            (_, None) => c.problem(
-                                v.span().or(w.span()),
-                                &at,
-                                "must be a string pattern (* and ? match any text)",
-                            ),
-                        }
-                    }
-                }
-                None => c.problem(
-                    w.span(),
-                    &format!("{path}.when"),
-                    r#"must be a table, like when = { cluster = "rdu-*", "label.team" = "nlp" }"#,
-                ),
-            }
-        }
+        let when = when_patterns(c, t, &path, true);
         let setting = |c: &mut Checker, fixed: &str, from: &str| -> Option<Setting> {
             match (c.string(t, &path, fixed), c.string(t, &path, from)) {
                 (Some(_), Some(_)) => {
@@ -368,6 +340,151 @@ pub fn read_assignments(cfg: &mut Config, config_path: &std::path::Path) -> Vec<
             "ownership.assignments: cannot read {}: {e}",
             path.display()
         )],
+    }
+}
+
+/// `when = { ATTR = "PATTERN", ... }` of a rule or contract; `workloads`: whether attributes of
+/// the workload holding a GPU may be used.
+fn when_patterns(
+    c: &mut Checker,
+    t: &toml_edit::Table,
+    path: &str,
+    workloads: bool,
+) -> Vec<(gpuledger_ledger::ownership::Attr, String)> {
+    use gpuledger_ledger::ownership::Attr;
+    let mut when = Vec::new();
+    let Some(w) = t.get("when") else {
+        return when;
+    };
+    let table = match w {
+        Item::Table(t) => Some(t.clone()),
+        Item::Value(Value::InlineTable(i)) => Some(i.clone().into_table()),
+        _ => None,
+    };
+    let Some(wt) = table else {
+        c.problem(
+            w.span(),
+            &format!("{path}.when"),
+            r#"must be a table, like when = { cluster = "rdu-*", "label.team" = "nlp" }"#,
+        );
+        return when;
+    };
+    for (k, v) in wt.iter() {
+        let at = format!("{path}.when.{k}");
+        match (Attr::parse(k), v.as_str()) {
+            (Ok(a), _) if a.of_workload() && !workloads => c.problem(
+                v.span().or(w.span()),
+                &at,
+                format!("`{k}` is an attribute of a workload; a price can match only the GPU's"),
+            ),
+            (Ok(a), Some(p)) => when.push((a, p.to_string())),
+            (Err(e), _) => c.problem(v.span().or(w.span()), &at, e),
+            (_, None) => c.problem(
+                v.span().or(w.span()),
+                &at,
+                "must be a string pattern (* and ? match any text)",
+            ),
+        }
+    }
+    when
+}
+
+/// `[[rates.contracts]]`: name, deal, `when`, and one of `usd_per_hour` (per instance, with
+/// optional `gpus`), `usd_per_gpu_hour` or `discount_pct`.
+fn contract_rates(c: &mut Checker, item: &Item, rates: &mut gpuledger_ledger::RateTable) {
+    use gpuledger_ledger::rates::CONTRACT_DEALS;
+    use gpuledger_ledger::{Contract, ContractPrice};
+    let Some(list) = item.as_array_of_tables() else {
+        c.problem(
+            item.span(),
+            "rates.contracts",
+            "must be an array of tables, written [[rates.contracts]]",
+        );
+        return;
+    };
+    for (i, t) in list.iter().enumerate() {
+        let path = format!("rates.contracts[{i}]");
+        c.unknown_keys(
+            t,
+            &path,
+            &[
+                "name",
+                "deal",
+                "when",
+                "usd_per_hour",
+                "gpus",
+                "usd_per_gpu_hour",
+                "discount_pct",
+            ],
+        );
+        let name = c.string(t, &path, "name");
+        if name.is_none() && t.get("name").is_none() {
+            c.problem(
+                t.span(),
+                &path,
+                "needs `name` (it is shown as the rate's origin)",
+            );
+        }
+        let deal = c.string(t, &path, "deal");
+        match &deal {
+            Some(d) if !CONTRACT_DEALS.contains(&d.as_str()) => c.problem(
+                t.get("deal").and_then(|i| i.span()),
+                &format!("{path}.deal"),
+                format!("`{d}` is none of {}", CONTRACT_DEALS.join(", ")),
+            ),
+            None if t.get("deal").is_none() => c.problem(
+                t.span(),
+                &path,
+                format!("needs `deal`: one of {}", CONTRACT_DEALS.join(", ")),
+            ),
+            _ => {}
+        }
+        let when = when_patterns(c, t, &path, false);
+        if when.is_empty() && t.get("when").is_none() {
+            c.problem(
+                t.span(),
+                &path,
+                r#"needs `when`, like when = { account = "123456789012", instance_type = "p5.*" }"#,
+            );
+        }
+        let instance = c.number(t, &path, "usd_per_hour", 0.0, 1_000_000.0);
+        let gpus = c.number(t, &path, "gpus", 0.001, 1024.0);
+        let per_gpu = c.number(t, &path, "usd_per_gpu_hour", 0.0, 10_000.0);
+        let discount = c.number(t, &path, "discount_pct", 0.0, 100.0);
+        let given = ["usd_per_hour", "usd_per_gpu_hour", "discount_pct"]
+            .iter()
+            .filter(|k| t.get(k).is_some())
+            .count();
+        if given != 1 {
+            c.problem(
+                t.span(),
+                &path,
+                "needs exactly one price: `usd_per_hour` (per instance), `usd_per_gpu_hour` or \
+                 `discount_pct`",
+            );
+            continue;
+        }
+        if gpus.is_some() && instance.is_none() {
+            c.problem(
+                t.get("gpus").and_then(|i| i.span()),
+                &format!("{path}.gpus"),
+                "goes with `usd_per_hour` (the instance's price) only",
+            );
+        }
+        let price = match (instance, per_gpu, discount) {
+            (Some(usd_per_hour), _, _) => ContractPrice::Instance { usd_per_hour, gpus },
+            (_, Some(usd_per_gpu_hour), _) => ContractPrice::Gpu { usd_per_gpu_hour },
+            (_, _, Some(pct)) => ContractPrice::Discount { pct },
+            _ => continue,
+        };
+        if let (Some(name), Some(deal)) = (name, deal) {
+            rates.contracts.push(Contract {
+                name,
+                deal,
+                when,
+                price,
+            });
+        }
     }
 }
 
@@ -534,6 +651,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             match key {
                 "instance_types" => instance_rates(&mut c, item, &mut s.rates),
                 "onprem" => onprem_rates(&mut c, item, &mut s.rates),
+                "contracts" => contract_rates(&mut c, item, &mut s.rates),
                 _ => {
                     if let Some(v) = c.number(t, "rates", key, 0.0, 10_000.0) {
                         s.rates.overrides.insert(key.to_string(), v);
@@ -796,6 +914,35 @@ max_body_bytes = 2048
             assert!(text.iter().any(|t| t.contains(want)), "{want}: {text:#?}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn contracts_parse_and_explain_mistakes() {
+        let cfg = parse(
+            "[[rates.contracts]]\nname = \"p5 plan\"\ndeal = \"savings_plan\"\nwhen = { account = \"1111*\", instance_type = \"p5.*\" }\nusd_per_hour = 55.04\n\n[[rates.contracts]]\nname = \"cud\"\ndeal = \"committed\"\nwhen = { account = \"ml-prod\" }\ndiscount_pct = 37\n",
+        )
+        .unwrap();
+        let c = &cfg.settings.rates.contracts;
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[1].price,
+            gpuledger_ledger::ContractPrice::Discount { pct: 37.0 }
+        );
+        let bad = parse(
+            "[[rates.contracts]]\nname = \"x\"\ndeal = \"cheap\"\nwhen = { namespace = \"a\" }\nusd_per_hour = 1\ndiscount_pct = 5\n[[rates.contracts]]\ndeal = \"spot\"\nusd_per_gpu_hour = 1\ngpus = 2\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = bad.iter().map(|p| p.to_string()).collect();
+        for want in [
+            "rates.contracts[0].deal: `cheap` is none of spot, reserved",
+            "rates.contracts[0].when.namespace: `namespace` is an attribute of a workload",
+            "rates.contracts[0]: needs exactly one price",
+            "rates.contracts[1]: needs `name`",
+            "rates.contracts[1]: needs `when`",
+            "rates.contracts[1].gpus: goes with `usd_per_hour`",
+        ] {
+            assert!(text.iter().any(|t| t.contains(want)), "{want}: {text:#?}");
+        }
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub use ingest::{
 pub use merge::{merge_gpu, GpuRecord};
 pub use ownership::{Ownership, OwnershipRules};
 pub use rates::{
-    InstanceOverride, OnPremRate, RateFacts, RateTable, BUILTIN_RATES, BUILTIN_RATES_AS_OF,
+    Contract, ContractPrice, InstanceOverride, OnPremRate, RateFacts, RateTable, BUILTIN_RATES,
+    BUILTIN_RATES_AS_OF,
 };
 pub use settings::Settings;
 pub use summary::{summarize, GpuWindow, GroupBy};

@@ -169,6 +169,10 @@ impl GpuRecord {
             cloud: self.cloud.as_deref(),
             instance_type: self.instance_type.as_deref(),
             host: self.host.as_deref(),
+            account: self.account.as_deref(),
+            region: self.region.as_deref(),
+            cluster: self.cluster.as_deref(),
+            labels: Some(&self.labels),
         }
     }
 }

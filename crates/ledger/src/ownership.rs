@@ -128,6 +128,11 @@ impl Attr {
         })
     }
 
+    /// How a reason names the attribute: `label `team``, `instance type`, `namespace`.
+    pub fn describe(&self) -> String {
+        self.name()
+    }
+
     fn name(&self) -> String {
         match self {
             Attr::Label(k) => format!("label `{k}`"),

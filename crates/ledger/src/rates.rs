@@ -20,6 +20,8 @@ use std::collections::BTreeMap;
 
 use gpuledger_model::{Rate, RateOrigin};
 
+use crate::ownership::Attr;
+
 /// When the built-in table was last checked against its sources.
 pub const BUILTIN_RATES_AS_OF: &str = "2026-12-02";
 
@@ -116,6 +118,82 @@ pub struct RateFacts<'a> {
     pub cloud: Option<&'a str>,
     pub instance_type: Option<&'a str>,
     pub host: Option<&'a str>,
+    /// The cloud account, project or subscription.
+    pub account: Option<&'a str>,
+    pub region: Option<&'a str>,
+    pub cluster: Option<&'a str>,
+    pub labels: Option<&'a BTreeMap<String, String>>,
+}
+
+impl RateFacts<'_> {
+    /// A GPU attribute a contract may match (workload attributes are never set here).
+    fn get(&self, a: &Attr) -> Option<&str> {
+        match a {
+            Attr::Label(k) => self.labels.and_then(|l| l.get(k)).map(String::as_str),
+            Attr::Host => self.host,
+            Attr::Cluster => self.cluster,
+            Attr::Cloud => self.cloud,
+            Attr::Account => self.account,
+            Attr::Region => self.region,
+            Attr::InstanceType => self.instance_type,
+            Attr::Model => Some(self.model),
+            _ => None,
+        }
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    }
+}
+
+/// What kind of deal a contract price is.
+pub const CONTRACT_DEALS: [&str; 5] = [
+    "spot",
+    "reserved",
+    "committed",
+    "savings_plan",
+    "negotiated",
+];
+
+/// How a contract prices a GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContractPrice {
+    /// Per instance-hour, ÷ the instance's GPUs (`gpus`, else the catalog's count for the GPU's
+    /// instance type; without either the contract does not apply).
+    Instance {
+        usd_per_hour: f64,
+        gpus: Option<f64>,
+    },
+    /// Per GPU-hour.
+    Gpu { usd_per_gpu_hour: f64 },
+    /// A discount off the rate the GPU would have without contracts (the catalog's on-demand
+    /// price, an instance price, ...).
+    Discount { pct: f64 },
+}
+
+/// `[[rates.contracts]]`: a spot, reserved, committed-use, savings-plan or negotiated price for
+/// the GPUs matching `when` (an account, instance types, a region, a cluster, labels).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contract {
+    pub name: String,
+    /// One of [`CONTRACT_DEALS`].
+    pub deal: String,
+    /// Every condition must hold, with `*`/`?` patterns, as in ownership rules.
+    pub when: Vec<(Attr, String)>,
+    pub price: ContractPrice,
+}
+
+impl Contract {
+    /// `account `1234…`, instance type `p5.48xlarge``: the values it matched, or `None`.
+    fn matches(&self, facts: &RateFacts) -> Option<String> {
+        let mut said = Vec::new();
+        for (attr, pattern) in &self.when {
+            let v = facts.get(attr)?;
+            if !glob_match(pattern, v) {
+                return None;
+            }
+            said.push(format!("{} `{v}`", attr.describe()));
+        }
+        Some(said.join(", "))
+    }
 }
 
 impl<'a> RateFacts<'a> {
@@ -203,6 +281,8 @@ pub struct RateTable {
     pub instance_overrides: BTreeMap<String, InstanceOverride>,
     /// `[[rates.onprem]]`, first match wins.
     pub onprem: Vec<OnPremRate>,
+    /// `[[rates.contracts]]`, first match wins, before everything else.
+    pub contracts: Vec<Contract>,
 }
 
 impl RateTable {
@@ -211,6 +291,49 @@ impl RateTable {
     /// on-demand price of its instance type ÷ its GPUs; for GPUs not in a cloud, an on-prem
     /// rate for its model (and host); the built-in family rate; else unknown.
     pub fn rate_for(&self, facts: &RateFacts) -> Rate {
+        for c in &self.contracts {
+            let Some(matched) = c.matches(facts) else {
+                continue;
+            };
+            let origin = |usd: f64, detail: String| Rate {
+                usd_per_hour: Some(usd),
+                origin: RateOrigin::Contract {
+                    name: c.name.clone(),
+                    deal: c.deal.clone(),
+                    matched: matched.clone(),
+                    detail,
+                },
+            };
+            match c.price {
+                ContractPrice::Gpu { usd_per_gpu_hour } => {
+                    return origin(usd_per_gpu_hour, format!("${usd_per_gpu_hour}/GPU-h"));
+                }
+                ContractPrice::Instance { usd_per_hour, gpus } => {
+                    let it = facts.instance_type.unwrap_or_default();
+                    let cataloged = crate::catalog::instance_price(it).map(|c| c.gpus);
+                    if let Some(gpus) = gpus.or(cataloged) {
+                        return origin(
+                            usd_per_hour / gpus.max(1.0),
+                            format!("{it} ${usd_per_hour}/h ÷ {gpus}"),
+                        );
+                    }
+                }
+                ContractPrice::Discount { pct } => {
+                    let base = self.list_rate_for(facts);
+                    if let Some(b) = base.usd_per_hour {
+                        return origin(
+                            b * (1.0 - pct / 100.0),
+                            format!("{pct} % off {}", base.origin.label()),
+                        );
+                    }
+                }
+            }
+        }
+        self.list_rate_for(facts)
+    }
+
+    /// The rate without contracts.
+    fn list_rate_for(&self, facts: &RateFacts) -> Rate {
         let model = facts.model;
         if let Some(v) = self.overrides.get(model) {
             return Rate {
@@ -351,6 +474,7 @@ mod tests {
             cloud: Some("aws"),
             instance_type: Some("p5.48xlarge"),
             host: Some("ip-10-0-0-1"),
+            ..Default::default()
         };
         let r = t.rate_for(&p5);
         assert_eq!(r.usd_per_hour, Some(12.29));
@@ -401,6 +525,7 @@ mod tests {
             cloud: Some("onprem"),
             instance_type: None,
             host: Some("dgx-07"),
+            ..Default::default()
         };
         let r = t.rate_for(&dgx);
         // 35,040 / (4 × 8760) = 1.00; 0.7 kW × $0.10 × 1.5 = 0.105.
@@ -423,6 +548,95 @@ mod tests {
             Some(12.29),
             "on-prem rates skip clouds"
         );
+    }
+
+    /// Contracts come first, by account and instance type: an instance price, a per-GPU price,
+    /// or a discount off what the GPU would cost without them.
+    #[test]
+    fn contracts_price_by_account_first_match_wins() {
+        let t = RateTable {
+            contracts: vec![
+                Contract {
+                    name: "p5 savings plan".into(),
+                    deal: "savings_plan".into(),
+                    when: vec![
+                        (Attr::Account, "1111*".into()),
+                        (Attr::InstanceType, "p5.*".into()),
+                    ],
+                    price: ContractPrice::Instance {
+                        usd_per_hour: 55.04,
+                        gpus: None,
+                    },
+                },
+                Contract {
+                    name: "gcp cud".into(),
+                    deal: "committed".into(),
+                    when: vec![(Attr::Account, "ml-prod".into())],
+                    price: ContractPrice::Discount { pct: 37.0 },
+                },
+                Contract {
+                    name: "spot pool".into(),
+                    deal: "spot".into(),
+                    when: vec![(Attr::Label("lifecycle".into()), "spot".into())],
+                    price: ContractPrice::Gpu {
+                        usd_per_gpu_hour: 1.5,
+                    },
+                },
+            ],
+            ..Default::default()
+        };
+        let p5 = RateFacts {
+            model: "NVIDIA H100 80GB HBM3",
+            cloud: Some("aws"),
+            instance_type: Some("p5.48xlarge"),
+            account: Some("111122223333"),
+            ..Default::default()
+        };
+        let r = t.rate_for(&p5);
+        assert_eq!(r.usd_per_hour, Some(6.88));
+        assert_eq!(
+            r.origin.label(),
+            "contract `p5 savings plan` (savings_plan; account `111122223333`, instance type \
+             `p5.48xlarge`: p5.48xlarge $55.04/h ÷ 8)"
+        );
+        // Another account pays the catalog's on-demand price.
+        let other = RateFacts {
+            account: Some("999"),
+            ..p5
+        };
+        assert_eq!(t.rate_for(&other).usd_per_hour, Some(12.29));
+        // 37 % off a3-highgpu-8g's on-demand price ($88.49 / 8).
+        let a3 = RateFacts {
+            model: "NVIDIA H100 80GB HBM3",
+            cloud: Some("gcp"),
+            instance_type: Some("a3-highgpu-8g"),
+            account: Some("ml-prod"),
+            ..Default::default()
+        };
+        let r = t.rate_for(&a3);
+        assert!(
+            (r.usd_per_hour.unwrap() - 88.49 / 8.0 * 0.63).abs() < 1e-9,
+            "{r:?}"
+        );
+        assert!(
+            r.origin.label().starts_with(
+                "contract `gcp cud` (committed; account `ml-prod`: 37 % off catalog (a3-highgpu-8g"
+            ),
+            "{}",
+            r.origin.label()
+        );
+        let spot: BTreeMap<String, String> = [("lifecycle".to_string(), "spot".to_string())].into();
+        let r = t.rate_for(&RateFacts {
+            labels: Some(&spot),
+            ..other
+        });
+        assert_eq!(r.usd_per_hour, Some(1.5));
+        // An instance price for a type the catalog lacks, without `gpus`, does not apply.
+        let odd = RateFacts {
+            instance_type: Some("p5.odd"),
+            ..p5
+        };
+        assert_eq!(t.rate_for(&odd).usd_per_hour, Some(12.29), "family default");
     }
 
     #[test]

@@ -47,6 +47,17 @@ pub enum RateOrigin {
         usd_per_kwh: f64,
         pue: f64,
     },
+    /// `[[rates.contracts]]`: a spot, reserved, committed-use, savings-plan or negotiated price
+    /// for the GPUs it matches.
+    Contract {
+        name: String,
+        /// spot, reserved, committed, savings_plan or negotiated.
+        deal: String,
+        /// The attribute values it matched.
+        matched: String,
+        /// The price: `p5.48xlarge $55.04/h ÷ 8`, `$1.5/GPU-h`, `37 % off catalog (…)`.
+        detail: String,
+    },
     /// No rate applies: cost is unknown.
     Unknown,
 }
@@ -85,6 +96,18 @@ impl RateOrigin {
                 "on-prem ({key}: ${purchase_usd} over {life_years} y + {watts} W × \
                  ${usd_per_kwh}/kWh × PUE {pue})"
             ),
+            RateOrigin::Contract {
+                name,
+                deal,
+                matched,
+                detail,
+            } => {
+                if matched.is_empty() {
+                    format!("contract `{name}` ({deal}: {detail})")
+                } else {
+                    format!("contract `{name}` ({deal}; {matched}: {detail})")
+                }
+            }
             RateOrigin::Unknown => UNKNOWN.to_string(),
         }
     }

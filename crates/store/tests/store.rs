@@ -1337,3 +1337,54 @@ mod workload_rules {
         .await;
     }
 }
+
+/// A contract for an account prices the GPUs a push places in that account; another account
+/// pays the catalog's on-demand price.
+#[tokio::test]
+async fn contracts_price_gpus_by_their_pushed_account() {
+    use gpuledger_ledger::ownership::Attr;
+    use gpuledger_ledger::{Contract, ContractPrice};
+    let dir = tempdir::Dir::new();
+    let mut settings = Settings::default();
+    settings.rates.contracts.push(Contract {
+        name: "p5 plan".into(),
+        deal: "savings_plan".into(),
+        when: vec![(Attr::Account, "111122223333".into())],
+        price: ContractPrice::Instance {
+            usd_per_hour: 55.04,
+            gpus: None,
+        },
+    });
+    let store = Store::open(&format!("sqlite://{}/c.db", dir.0.display()), settings)
+        .await
+        .unwrap();
+    let gpu = |uuid: &str, account: &str| {
+        format!(
+            r#"{{"uuid":"{uuid}","model":"NVIDIA H100 80GB HBM3","host":"ip-1","cloud":"aws","instance_type":"p5.48xlarge","account":"{account}","observed_at":"2026-12-02T11:00:00Z"}}"#
+        )
+    };
+    let out = push(
+        &store,
+        &who("aws", None),
+        &format!(
+            r#"{{"gpus":[{},{}]}}"#,
+            gpu(A, "111122223333"),
+            gpu(B, "999988887777")
+        ),
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let gpus = store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap();
+    let a = gpus.iter().find(|g| g.uuid == A).unwrap();
+    assert_eq!(a.account.as_deref(), Some("111122223333"));
+    assert_eq!(a.usd_per_hour, Some(6.88));
+    assert_eq!(
+        a.rate_origin,
+        "contract `p5 plan` (savings_plan; account `111122223333`: p5.48xlarge $55.04/h ÷ 8)"
+    );
+    let b = gpus.iter().find(|g| g.uuid == B).unwrap();
+    assert_eq!(b.usd_per_hour, Some(12.29));
+}
