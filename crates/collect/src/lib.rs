@@ -124,7 +124,11 @@ pub(crate) fn in_range(
 }
 
 /// The collector kinds this build knows.
-pub const KINDS: &[&str] = &[collectors::dcgm::KIND, collectors::kubernetes::KIND];
+pub const KINDS: &[&str] = &[
+    collectors::billing::KIND,
+    collectors::dcgm::KIND,
+    collectors::kubernetes::KIND,
+];
 
 /// Whether `kind` names a collector of this build, with a message for config errors.
 pub fn check_kind(kind: &str) -> Result<(), String> {
@@ -157,6 +161,9 @@ pub fn build(
         collectors::kubernetes::KIND => Ok(Box::new(
             collectors::kubernetes::KubernetesCollector::from_toml(name, config_toml)?,
         )),
+        collectors::billing::KIND => Ok(Box::new(
+            collectors::billing::BillingCollector::from_toml(name, config_toml)?,
+        )),
         _ => Err(CollectError::Config(
             check_kind(kind).err().unwrap_or_default(),
         )),
@@ -171,7 +178,7 @@ mod tests {
     fn unknown_kinds_are_explained() {
         let e = check_kind("kubernets").unwrap_err();
         assert!(e.contains("unknown collector type `kubernets`"), "{e}");
-        assert!(e.contains("known: dcgm, kubernetes"), "{e}");
+        assert!(e.contains("known: billing, dcgm, kubernetes"), "{e}");
         assert!(build("nope", "x", "").is_err());
     }
 

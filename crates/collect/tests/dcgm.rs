@@ -77,8 +77,10 @@ fn assert_valid_observations(obs: &[Observation]) {
             Observation::Gpu { gpu, .. } => g.push(gpu.clone()),
             Observation::Sample { sample, .. } => s.push(sample.clone()),
             Observation::Allocation { allocation, .. } => a.push(allocation.clone()),
-            Observation::HostGpuCount { .. } | Observation::HostAlias { .. } => {
-                panic!("dcgm reports UUIDs, not counts or aliases")
+            Observation::HostGpuCount { .. }
+            | Observation::HostAlias { .. }
+            | Observation::BillingExport { .. } => {
+                panic!("dcgm reports UUIDs, not counts, aliases or billing exports")
             }
         }
     }

@@ -489,62 +489,33 @@ async fn reattribute(from: chrono::DateTime<chrono::Utc>, db: DbArgs) -> anyhow:
 }
 
 async fn import_billing(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
-    use chrono::{Datelike, TimeZone};
     let cfg = load_config(db.config.as_ref())?;
     let url = database_url(db.database_url, &cfg);
-    let text =
-        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let (lines, problems) =
-        gpuledger_ledger::billing::parse_focus(&file.display().to_string(), &text)?;
     let store = Store::open(&url, cfg.settings)
         .await
         .with_context(|| format!("opening database {url}"))?;
-    let now = chrono::Utc::now();
-    let filters = gpuledger_store::Filters::default();
-    let mut windows = std::collections::BTreeMap::new();
-    for l in lines.iter().filter(|l| l.gpu) {
-        if windows.contains_key(&l.month) {
-            continue;
-        }
-        let t = l.charge_period_start;
-        let from = chrono::Utc
-            .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
-            .single()
-            .context("month start")?;
-        let to = if t.month() == 12 {
-            chrono::Utc.with_ymd_and_hms(t.year() + 1, 1, 1, 0, 0, 0)
-        } else {
-            chrono::Utc.with_ymd_and_hms(t.year(), t.month() + 1, 1, 0, 0, 0)
-        }
-        .single()
-        .context("month end")?;
-        let window = gpuledger_store::Window {
-            from: from.timestamp(),
-            to: to.timestamp(),
-        };
-        windows.insert(
-            l.month.clone(),
-            store.gpu_totals(window, &filters, now).await?,
-        );
-    }
-    // A cloud instance ID (from a Kubernetes node's providerID) names its host.
-    let aliases = store
-        .list_gpus(&filters, false, now)
-        .await?
-        .into_iter()
-        .filter_map(|g| Some((g.labels.get("instance_id")?.to_ascii_lowercase(), g.host?)))
-        .collect();
-    let report = gpuledger_ledger::billing::reconcile(&lines, &windows, &aliases, problems);
+    let name = file.display().to_string();
+    let done = pull::import_export(&store, &name, chrono::Utc::now())
+        .await
+        .with_context(|| format!("importing {name}"));
+    store.close().await;
+    let done = done?;
+    let report = &done.report;
     eprintln!(
-        "{}: {} line(s), {} GPU-looking, {} matched to known hosts, {} unmatched, {} problem(s)",
+        "{}: {} line(s), {} GPU-looking, {} matched to known hosts, {} unmatched, {} problem(s); {}",
         file.display(),
         report.lines,
         report.gpu_lines,
         report.matched_lines,
         report.unmatched.len(),
-        report.problems.len()
+        report.problems.len(),
+        if done.unchanged {
+            "imported before with the same content: nothing changed"
+        } else {
+            "stored: costs over these months now show what was billed"
+        }
     );
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    println!("{}", serde_json::to_string_pretty(report)?);
     Ok(())
 }
 

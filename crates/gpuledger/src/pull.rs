@@ -24,6 +24,7 @@ pub async fn store_observations(
     let mut body = PushBody::default();
     let mut counts = Vec::new();
     let mut aliases = Vec::new();
+    let mut exports = Vec::new();
     for o in observations {
         match o {
             Observation::Gpu { gpu, .. } => body.gpus.push(gpu),
@@ -37,6 +38,24 @@ pub async fn store_observations(
                 host,
                 provenance,
             } => aliases.push((alias, host, provenance.observed_at)),
+            Observation::BillingExport { path, .. } => exports.push(path),
+        }
+    }
+    // Billing exports: each reconciled and kept; one that cannot be read fails the run (the
+    // source shows the reason) after the others are stored.
+    let mut failed = Vec::new();
+    for path in &exports {
+        match import_export(store, path, now).await {
+            Ok(done) => tracing::info!(
+                source = %principal.source,
+                file = %path,
+                unchanged = done.unchanged,
+                matched = done.report.matched_lines,
+                unmatched = done.report.unmatched.len(),
+                problems = done.report.problems.len(),
+                "billing export reconciled"
+            ),
+            Err(e) => failed.push(format!("{path}: {e}")),
         }
     }
     for (alias, host, at) in &aliases {
@@ -53,7 +72,26 @@ pub async fn store_observations(
         anyhow::bail!("observations did not serialize to an object");
     };
     let validated = validate_collected(map, now, store.settings().max_future_skew_secs);
-    Ok(store.ingest(principal, validated, now).await?)
+    let outcome = store.ingest(principal, validated, now).await?;
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} billing export(s) could not be imported: {}",
+            failed.len(),
+            failed.join("; ")
+        );
+    }
+    Ok(outcome)
+}
+
+/// Read a billing export file (plain or gzip) and reconcile it into the store.
+pub async fn import_export(
+    store: &Store,
+    path: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<gpuledger_store::BillingImport> {
+    let bytes = tokio::fs::read(path).await?;
+    let text = gpuledger_ledger::billing::read_export(path, &bytes)?;
+    Ok(store.import_billing(path, &text, now).await?)
 }
 
 /// Build every configured collector, failing fast on a bad entry.

@@ -577,6 +577,128 @@ fn import_billing_reconciles_focus_lines_with_gpus() {
         assert!((b - e - d).abs() < 0.011, "{g}");
     }
     assert!(!r["teams"].as_array().unwrap().is_empty());
+    // Kept: importing the same file again changes nothing.
+    let out = bin()
+        .args(["import", "billing"])
+        .arg(&file)
+        .arg("--database-url")
+        .arg(&db)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("nothing changed"), "{said}");
+    // Not a FOCUS export: refused whole, with what is missing.
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "a,b\n1,2\n").unwrap();
+    let out = bin()
+        .args(["import", "billing"])
+        .arg(&bad)
+        .arg("--database-url")
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("ChargePeriodStart"), "{said}");
+}
+
+/// `serve` with a `billing` collector: a gzip FOCUS export delivered into a BILLING_PERIOD
+/// folder is found, reconciled against the demo fleet and kept; the API lists it and the
+/// summary shows what was billed beside the estimate.
+#[tokio::test]
+async fn serve_reconciles_billing_exports_a_folder_collector_finds() {
+    use std::io::Write;
+    let dir = tempdir("billing-collector");
+    let db = dir.join("demo.db");
+    let out = bin()
+        .args(["demo", "--load-only", "--days", "2", "--database-url"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
+    let period = dir.join(format!(
+        "exports/BILLING_PERIOD={}",
+        yesterday.format("%Y-%m")
+    ));
+    std::fs::create_dir_all(&period).unwrap();
+    let day = yesterday.format("%Y-%m-%d 00:00:00");
+    let csv = format!(
+        "ChargePeriodStart,BilledCost,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+         {day},2359.68,1500.00,arn:aws:ec2:us-east-1:1:instance/ip-10-1-0-01,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+         {day},24.14,24.14,i-0unknown,$1.006 per On Demand Linux g5.xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n"
+    );
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(csv.as_bytes()).unwrap();
+    std::fs::write(period.join("part-0001.csv.gz"), gz.finish().unwrap()).unwrap();
+    std::fs::write(period.join("manifest.json"), "{}").unwrap();
+    std::fs::write(
+        dir.join("g.toml"),
+        "[[collectors]]\ntype = \"billing\"\nname = \"aws-focus\"\ndir = \"exports\"\nsettle_secs = 0\ninterval_secs = 10\n",
+    )
+    .unwrap();
+    let (_server, base) = serve(
+        &dir,
+        &["--config", "g.toml", "--database-url", db.to_str().unwrap()],
+    );
+    let mut files = serde_json::Value::Null;
+    for _ in 0..100 {
+        files = reqwest::get(format!("{base}/api/v1/billing"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if files["items"].as_array().is_some_and(|i| !i.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let items = files["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "only the export, not the manifest: {files}");
+    let f = &items[0];
+    assert!(
+        f["name"].as_str().unwrap().ends_with("part-0001.csv.gz"),
+        "{f}"
+    );
+    assert_eq!(f["report"]["matched_lines"], 1, "{f}");
+    assert_eq!(f["report"]["unmatched"][0]["resource_id"], "i-0unknown");
+    let summary: serde_json::Value = reqwest::get(format!("{base}/api/v1/summary?range=62d"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let total = &summary["total"];
+    assert_eq!(total["cost_basis"], "partly_reconciled", "{total}");
+    let billed = total["billed_usd"].as_f64().unwrap();
+    assert!((billed - 1500.0).abs() < 0.05, "{total}");
+    assert_eq!(
+        total["billed_gpu_hours"].as_i64().unwrap() % 8,
+        0,
+        "8 GPUs on the host"
+    );
+    let sources: serde_json::Value = reqwest::get(format!("{base}/api/v1/sources"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let src = sources["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "aws-focus")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (src["kind"].as_str(), src["status"].as_str()),
+        (Some("billing"), Some("ok"))
+    );
 }
 
 /// `reattribute --from DATE` re-decides owners with the config's current rules from DATE on;

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Datelike, NaiveDateTime, TimeZone, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::summary::GpuWindow;
 
@@ -26,6 +26,8 @@ pub struct BillingLine {
     pub resource_key: Option<String>,
     pub description: Option<String>,
     pub charge_period_start: DateTime<Utc>,
+    /// `ChargePeriodEnd` (exclusive); the end of the start's day when the export has none.
+    pub charge_period_end: DateTime<Utc>,
     /// `YYYY-MM` of the charge period.
     pub month: String,
     pub effective_cost: f64,
@@ -128,6 +130,28 @@ fn instance_type_of(text: &str) -> Option<String> {
         .map(String::from)
 }
 
+/// The text of an export file as delivered: gzip-compressed (`.csv.gz`, as AWS Data Exports
+/// write them) or plain, UTF-8 with or without a byte-order mark.
+pub fn read_export(name: &str, bytes: &[u8]) -> Result<String, BillingError> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::MultiGzDecoder::new(bytes)
+            .read_to_end(&mut raw)
+            .map_err(|e| BillingError::File(format!("{name}: not a readable gzip file: {e}")))?;
+        &raw[..]
+    } else {
+        bytes
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        BillingError::File(format!(
+            "{name}: not UTF-8 text at byte {}; FOCUS exports are UTF-8 CSV",
+            e.valid_up_to()
+        ))
+    })?;
+    Ok(text.strip_prefix('\u{feff}').unwrap_or(text).to_string())
+}
+
 /// Read a FOCUS CSV. A file without the FOCUS columns this needs is an error; a line that
 /// cannot be read is named in the problems and the rest is kept.
 pub fn parse_focus(
@@ -152,6 +176,7 @@ pub fn parse_focus(
              BilledCost (FOCUS 1.0 columns)"
         )));
     };
+    let end_c = col("ChargePeriodEnd");
     let (rid, provider, service, desc, sku, rtype) = (
         col("ResourceId"),
         col("ProviderName"),
@@ -196,6 +221,28 @@ pub fn parse_focus(
             ));
             continue;
         };
+        let day_end = charge_period_start
+            .date_naive()
+            .succ_opt()
+            .and_then(|d| d.and_hms_opt(0, 0, 0).map(|t| Utc.from_utc_datetime(&t)));
+        let charge_period_end = match cell(&row, end_c) {
+            None => day_end.unwrap_or(charge_period_start),
+            Some(end) => match parse_time(&end) {
+                Some(e) if e > charge_period_start => e,
+                Some(_) => {
+                    problems.push(format!(
+                        "{name}:{line}: ChargePeriodEnd: `{end}` is not after ChargePeriodStart"
+                    ));
+                    continue;
+                }
+                None => {
+                    problems.push(format!(
+                        "{name}:{line}: ChargePeriodEnd: `{end}` is not a date and time"
+                    ));
+                    continue;
+                }
+            },
+        };
         let description = cell(&row, desc);
         let words = [description.clone(), cell(&row, sku), cell(&row, rtype)]
             .into_iter()
@@ -223,6 +270,7 @@ pub fn parse_focus(
                 charge_period_start.month()
             ),
             charge_period_start,
+            charge_period_end,
             effective_cost,
             billed_cost,
             instance_type,
@@ -233,7 +281,7 @@ pub fn parse_focus(
 }
 
 /// One GPU's month: its estimate and its share of what its host was billed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuMonth {
     pub month: String,
     pub uuid: String,
@@ -248,7 +296,7 @@ pub struct GpuMonth {
 }
 
 /// A team's month.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TeamMonth {
     pub month: String,
     pub team: String,
@@ -260,7 +308,7 @@ pub struct TeamMonth {
 }
 
 /// A GPU-looking line no known host matched.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Unmatched {
     pub line: usize,
     pub month: String,
@@ -270,8 +318,19 @@ pub struct Unmatched {
     pub effective_cost: f64,
 }
 
+/// One GPU's share of one matched line: what the store keeps, so that any window's hours in
+/// the charge period can show what was billed for them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BilledShare {
+    pub uuid: String,
+    /// The charge period, unix seconds, `[start, end)`.
+    pub period_start: i64,
+    pub period_end: i64,
+    pub billed_usd: f64,
+}
+
 /// The reconciliation of one export.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reconciliation {
     pub lines: usize,
     pub gpu_lines: usize,
@@ -280,17 +339,28 @@ pub struct Reconciliation {
     pub teams: Vec<TeamMonth>,
     pub unmatched: Vec<Unmatched>,
     pub problems: Vec<String>,
+    /// Per GPU and charge period (not in the printed report: the per-month rows say it).
+    #[serde(skip)]
+    pub shares: Vec<BilledShare>,
 }
+
+/// Present hours per GPU UUID within each charge period `(start, end)` of the export's GPU
+/// lines, from the store: a line's cost is shared among its host's GPUs by these.
+pub type PeriodHours = HashMap<(i64, i64), HashMap<String, i64>>;
 
 fn cents(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
 /// Match `lines` to the GPUs of each month (`windows[month]`, from the store) by host, or by
-/// an alias of a host (`aliases`: instance ID → host, lower case), and compare.
+/// an alias of a host (`aliases`: instance ID → host, lower case), share each line's cost among
+/// its host's GPUs by their present hours in the line's charge period (`period_hours`; by
+/// their hours in the month when the period has none, evenly when the month has none either),
+/// and compare per GPU, team and month.
 pub fn reconcile(
     lines: &[BillingLine],
     windows: &BTreeMap<String, Vec<GpuWindow>>,
+    period_hours: &PeriodHours,
     aliases: &HashMap<String, String>,
     problems: Vec<String>,
 ) -> Reconciliation {
@@ -299,8 +369,8 @@ pub fn reconcile(
         problems,
         ..Default::default()
     };
-    // (month, host) → billed
-    let mut billed: BTreeMap<(String, String), f64> = BTreeMap::new();
+    // (month, uuid) → (GPU, billed)
+    let mut billed: BTreeMap<(String, String), (&GpuWindow, f64)> = BTreeMap::new();
     for l in lines {
         if !l.gpu {
             continue; // A GPU host's other spend (transfer, storage) is no GPU cost.
@@ -318,63 +388,79 @@ pub fn reconcile(
                 })
                 .and_then(|g| g.host.clone())
         });
-        match host {
-            Some(h) => {
-                r.matched_lines += 1;
-                *billed.entry((l.month.clone(), h)).or_default() += l.effective_cost;
-            }
-            None => {
-                r.unmatched.push(Unmatched {
-                    line: l.line,
-                    month: l.month.clone(),
-                    resource_id: l.resource_id.clone(),
-                    instance_type: l.instance_type.clone(),
-                    description: l.description.clone(),
-                    effective_cost: l.effective_cost,
-                });
-            }
-        }
-    }
-    let mut teams: BTreeMap<(String, String), TeamMonth> = BTreeMap::new();
-    for ((month, host), total) in &billed {
-        let gpus: Vec<&GpuWindow> = windows[month]
+        let (Some(host), Some(month_gpus)) = (host, month_gpus) else {
+            r.unmatched.push(Unmatched {
+                line: l.line,
+                month: l.month.clone(),
+                resource_id: l.resource_id.clone(),
+                instance_type: l.instance_type.clone(),
+                description: l.description.clone(),
+                effective_cost: l.effective_cost,
+            });
+            continue;
+        };
+        r.matched_lines += 1;
+        let gpus: Vec<&GpuWindow> = month_gpus
             .iter()
             .filter(|g| g.host.as_deref() == Some(host.as_str()))
             .collect();
-        let hours: i64 = gpus.iter().map(|g| g.present_hours).sum();
-        for g in &gpus {
-            let share = if hours > 0 {
-                total * g.present_hours as f64 / hours as f64
-            } else {
-                total / gpus.len() as f64
-            };
-            let estimated = g.usd_per_hour.map(|r| r * g.present_hours as f64);
-            let t = teams
-                .entry((month.clone(), g.team.clone()))
-                .or_insert_with(|| TeamMonth {
-                    month: month.clone(),
-                    team: g.team.clone(),
-                    estimated_usd: 0.0,
-                    billed_usd: 0.0,
-                    difference_usd: 0.0,
-                    unpriced_gpu_hours: 0,
-                });
-            t.billed_usd += share;
-            match estimated {
-                Some(e) => t.estimated_usd += e,
-                None => t.unpriced_gpu_hours += g.present_hours,
-            }
-            r.gpus.push(GpuMonth {
-                month: month.clone(),
+        let period = (
+            l.charge_period_start.timestamp(),
+            l.charge_period_end.timestamp(),
+        );
+        let in_period = period_hours.get(&period);
+        let hours_in = |g: &GpuWindow| in_period.and_then(|m| m.get(&g.uuid)).copied().unwrap_or(0);
+        let weights: Vec<f64> = if gpus.iter().any(|g| hours_in(g) > 0) {
+            gpus.iter().map(|g| hours_in(g) as f64).collect()
+        } else if gpus.iter().any(|g| g.present_hours > 0) {
+            gpus.iter().map(|g| g.present_hours as f64).collect()
+        } else {
+            vec![1.0; gpus.len()]
+        };
+        let sum: f64 = weights.iter().sum();
+        for (g, w) in gpus.iter().zip(weights) {
+            let share = l.effective_cost * w / sum;
+            r.shares.push(BilledShare {
                 uuid: g.uuid.clone(),
-                host: host.clone(),
-                team: g.team.clone(),
-                gpu_hours: g.present_hours,
-                estimated_usd: estimated.map(cents),
-                billed_usd: cents(share),
-                difference_usd: estimated.map(|e| cents(share - e)),
+                period_start: period.0,
+                period_end: period.1,
+                billed_usd: share,
             });
+            billed
+                .entry((l.month.clone(), g.uuid.clone()))
+                .or_insert((g, 0.0))
+                .1 += share;
         }
+    }
+    let mut teams: BTreeMap<(String, String), TeamMonth> = BTreeMap::new();
+    for ((month, _), (g, share)) in &billed {
+        let share = *share;
+        let estimated = g.usd_per_hour.map(|r| r * g.present_hours as f64);
+        let t = teams
+            .entry((month.clone(), g.team.clone()))
+            .or_insert_with(|| TeamMonth {
+                month: month.clone(),
+                team: g.team.clone(),
+                estimated_usd: 0.0,
+                billed_usd: 0.0,
+                difference_usd: 0.0,
+                unpriced_gpu_hours: 0,
+            });
+        t.billed_usd += share;
+        match estimated {
+            Some(e) => t.estimated_usd += e,
+            None => t.unpriced_gpu_hours += g.present_hours,
+        }
+        r.gpus.push(GpuMonth {
+            month: month.clone(),
+            uuid: g.uuid.clone(),
+            host: g.host.clone().unwrap_or_default(),
+            team: g.team.clone(),
+            gpu_hours: g.present_hours,
+            estimated_usd: estimated.map(cents),
+            billed_usd: cents(share),
+            difference_usd: estimated.map(|e| cents(share - e)),
+        });
     }
     r.teams = teams
         .into_values()
@@ -413,6 +499,7 @@ mod tests {
             allocated_idle_hours: 0,
             known_hours: 0,
             activity_sum: 0.0,
+            ..Default::default()
         }
     }
 
@@ -448,6 +535,53 @@ mod tests {
             .contains("not a FOCUS export"));
     }
 
+    /// A line's cost goes to its host's GPUs by their hours in its charge period: a GPU that
+    /// was there all month but not that day gets none of that day's bill.
+    #[test]
+    fn a_lines_cost_follows_the_gpus_present_in_its_charge_period() {
+        let text = "ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,ResourceId,ChargeDescription\n\
+             2026-11-02T00:00:00Z,2026-11-03T00:00:00Z,48,40,i-0aaa,p4d.24xlarge Instance Hour\n\
+             2026-11-03T00:00:00Z,,10,10,i-0aaa,p4d.24xlarge Instance Hour\n\
+             2026-11-04T00:00:00Z,2026-11-04T00:00:00Z,1,1,i-0aaa,p4d.24xlarge Instance Hour\n\
+             2026-11-04T00:00:00Z,soon,1,1,i-0aaa,p4d.24xlarge Instance Hour\n";
+        let (lines, problems) = parse_focus("p.csv", text).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            problems,
+            [
+                "p.csv:4: ChargePeriodEnd: `2026-11-04T00:00:00Z` is not after ChargePeriodStart",
+                "p.csv:5: ChargePeriodEnd: `soon` is not a date and time"
+            ]
+        );
+        let day = |d: &str| d.parse::<DateTime<Utc>>().unwrap().timestamp();
+        assert_eq!(
+            lines[1].charge_period_end.timestamp(),
+            day("2026-11-04T00:00:00Z"),
+            "no ChargePeriodEnd: the end of its day"
+        );
+        let windows = BTreeMap::from([(
+            "2026-11".to_string(),
+            vec![
+                window("GPU-1", "i-0aaa", "nlp", 100, Some(1.0)),
+                window("GPU-2", "i-0aaa", "vision", 100, Some(1.0)),
+            ],
+        )]);
+        let periods = PeriodHours::from([(
+            (day("2026-11-02T00:00:00Z"), day("2026-11-03T00:00:00Z")),
+            HashMap::from([("GPU-1".to_string(), 24), ("GPU-2".to_string(), 0)]),
+        )]);
+        let r = reconcile(&lines, &windows, &periods, &HashMap::new(), vec![]);
+        let billed: Vec<(&str, f64)> = r
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.billed_usd))
+            .collect();
+        // Day 2: all $40 to GPU-1. Day 3 (no hours known for it): by month hours, $5 each.
+        assert_eq!(billed, [("GPU-1", 45.0), ("GPU-2", 5.0)]);
+        assert_eq!(r.shares.len(), 4);
+        assert_eq!(r.shares[1].billed_usd, 0.0);
+    }
+
     #[test]
     fn gpus_get_their_share_of_the_bill_and_unmatched_gpu_lines_are_listed() {
         let text = format!(
@@ -467,7 +601,7 @@ mod tests {
             ],
         )]);
         let aliases = HashMap::from([("i-0aaa".to_string(), "gpu-node-1".to_string())]);
-        let r = reconcile(&lines, &windows, &aliases, problems);
+        let r = reconcile(&lines, &windows, &PeriodHours::new(), &aliases, problems);
         assert_eq!((r.lines, r.gpu_lines, r.matched_lines), (4, 3, 2));
         // 135 billed on the host: 3/4 to GPU-1 (30 of 40 h), 1/4 to GPU-2.
         let g1 = r.gpus.iter().find(|g| g.uuid == "GPU-1").unwrap();

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuledger_model::{SummaryGroup, UNKNOWN};
+use gpuledger_model::{CostBasis, SummaryGroup, UNKNOWN};
 
 /// What a summary groups by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,10 @@ pub struct GpuWindow {
     pub known_hours: i64,
     /// Σ hourly activity over the known hours.
     pub activity_sum: f64,
+    /// Present hours in months reconciled with a billing export.
+    pub billed_hours: i64,
+    /// What was billed for those hours (each billed GPU-month spread over its present hours).
+    pub billed_usd: f64,
 }
 
 impl GpuWindow {
@@ -95,6 +99,8 @@ pub fn per_gpu(rows: Vec<GpuWindow>) -> Vec<GpuWindow> {
                 last.allocated_idle_hours += w.allocated_idle_hours;
                 last.known_hours += w.known_hours;
                 last.activity_sum += w.activity_sum;
+                last.billed_hours += w.billed_hours;
+                last.billed_usd += w.billed_usd;
                 last.mem_max_mib = match (last.mem_max_mib, w.mem_max_mib) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     (a, b) => a.or(b),
@@ -140,6 +146,13 @@ impl Acc {
             }
             None => g.unpriced_gpu_hours += w.present_hours,
         }
+        if w.billed_hours > 0 {
+            g.billed_gpu_hours += w.billed_hours;
+            g.billed_usd += w.billed_usd;
+            if let Some(rate) = w.usd_per_hour {
+                g.billed_estimate_usd += w.billed_hours as f64 * rate;
+            }
+        }
         self.activity_sum += w.activity_sum;
         self.known_hours += w.known_hours;
     }
@@ -151,6 +164,9 @@ impl Acc {
         self.g.cost_usd = round(self.g.cost_usd, 2);
         self.g.idle_cost_usd = round(self.g.idle_cost_usd, 2);
         self.g.allocated_idle_cost_usd = round(self.g.allocated_idle_cost_usd, 2);
+        self.g.billed_usd = round(self.g.billed_usd, 2);
+        self.g.billed_estimate_usd = round(self.g.billed_estimate_usd, 2);
+        self.g.cost_basis = CostBasis::of(self.g.billed_gpu_hours, self.g.gpu_hours);
         self.g
     }
 }

@@ -12,7 +12,7 @@ pub use push::{
     AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, WorkloadContext,
 };
 pub use view::{
-    Allocation, AttributeProvenance, Conflict, GpuDetail, GpuState, GpuView, HourPoint,
+    Allocation, AttributeProvenance, Conflict, CostBasis, GpuDetail, GpuState, GpuView, HourPoint,
     OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup, TeamInfo,
     UNKNOWN, UNOWNED,
 };

@@ -69,6 +69,14 @@ pub enum Observation {
         host: String,
         provenance: Provenance,
     },
+    /// A billing export (FinOps FOCUS CSV) that is new or changed at `path`: the server reads
+    /// and reconciles it.
+    BillingExport {
+        path: String,
+        size_bytes: u64,
+        modified: DateTime<Utc>,
+        provenance: Provenance,
+    },
 }
 
 impl Observation {
@@ -78,7 +86,8 @@ impl Observation {
             | Observation::Sample { provenance, .. }
             | Observation::Allocation { provenance, .. }
             | Observation::HostGpuCount { provenance, .. }
-            | Observation::HostAlias { provenance, .. } => provenance,
+            | Observation::HostAlias { provenance, .. }
+            | Observation::BillingExport { provenance, .. } => provenance,
         }
     }
 }

@@ -229,6 +229,15 @@ pub struct GpuDetail {
     /// Who owned the GPU when, oldest first; the last period is open (`to` is null).
     #[serde(default)]
     pub owner_history: Vec<OwnerPeriod>,
+    /// Present hours of the window in charge periods of an imported billing export, and what
+    /// was billed for them (see [`SummaryGroup::billed_usd`]).
+    #[serde(default)]
+    pub billed_gpu_hours: i64,
+    #[serde(default)]
+    pub billed_usd: f64,
+    /// Whether the window's cost is an estimate only or (partly) reconciled with billing.
+    #[serde(default)]
+    pub cost_basis: CostBasis,
     pub mig_children: Vec<String>,
     pub hours: Vec<HourPoint>,
     pub allocations: Vec<Allocation>,
@@ -295,6 +304,55 @@ pub struct SummaryGroup {
     pub allocated_idle_cost_usd: f64,
     /// GPU-hours left out of the costs because no rate is known for the GPU.
     pub unpriced_gpu_hours: i64,
+    /// Whether the costs above are estimates only, or some or all of their GPU-hours were
+    /// reconciled with a billing export.
+    #[serde(default)]
+    pub cost_basis: CostBasis,
+    /// GPU-hours in months reconciled with a billing export.
+    #[serde(default)]
+    pub billed_gpu_hours: i64,
+    /// What the export billed for those GPU-hours (its `EffectiveCost`, shared per GPU and
+    /// month, spread over the month's present hours). List and billed prices are never mixed:
+    /// `cost_usd` stays the estimate.
+    #[serde(default)]
+    pub billed_usd: f64,
+    /// The estimate for the same GPU-hours, to compare with `billed_usd`.
+    #[serde(default)]
+    pub billed_estimate_usd: f64,
+}
+
+/// Whether a cost rests on estimates or on a billing export.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostBasis {
+    /// Rate × present hours only.
+    #[default]
+    Estimate,
+    /// Some GPU-hours fall in months reconciled with billing.
+    PartlyReconciled,
+    /// Every GPU-hour falls in a month reconciled with billing.
+    Reconciled,
+}
+
+impl CostBasis {
+    /// From the GPU-hours reconciled out of all GPU-hours.
+    pub fn of(billed_gpu_hours: i64, gpu_hours: i64) -> CostBasis {
+        if billed_gpu_hours <= 0 {
+            CostBasis::Estimate
+        } else if billed_gpu_hours >= gpu_hours {
+            CostBasis::Reconciled
+        } else {
+            CostBasis::PartlyReconciled
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CostBasis::Estimate => "estimate",
+            CostBasis::PartlyReconciled => "partly reconciled",
+            CostBasis::Reconciled => "reconciled",
+        }
+    }
 }
 
 /// `GET /api/v1/summary`.

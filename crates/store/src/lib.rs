@@ -6,6 +6,7 @@
 //! arrive (a late sample re-rolls its hour), hours roll up per UTC day, and queries read the
 //! rollups, never the raw samples.
 
+mod billing;
 mod dash;
 mod ingest;
 mod query;
@@ -19,6 +20,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
+pub use billing::{month_of, BillingFile, BillingImport};
 pub use dash::{Heatmap, IdleWorkload, SeriesPoint, UsedBy};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};
@@ -81,6 +83,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "workload_ownership",
         include_str!("../migrations/sqlite/0004_workload_ownership.sql"),
     ),
+    (
+        5,
+        "billing",
+        include_str!("../migrations/sqlite/0005_billing.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -102,6 +109,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         4,
         "workload_ownership",
         include_str!("../migrations/postgres/0004_workload_ownership.sql"),
+    ),
+    (
+        5,
+        "billing",
+        include_str!("../migrations/postgres/0005_billing.sql"),
     ),
 ];
 

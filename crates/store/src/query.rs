@@ -17,6 +17,29 @@ use sqlx::Row;
 
 use crate::{Result, Store, StoreError, OPEN_END};
 
+/// Per (GPU, owner period), the present hours in `[lo, hi)` that fall in charge periods of an
+/// imported billing export, and what was billed for them: each billed (GPU, period) amount
+/// spread evenly over that GPU's present hours in the period (before `cap`, the current hour's
+/// end); `lo`, `hi` and `cap` are SQL parameters. An hour in two overlapping periods counts once and takes both shares.
+fn billed_hours_sql(lo: &str, hi: &str, cap: &str) -> String {
+    format!(
+        "SELECT h.gpu_id, o.from_ts AS o_from, \
+    CAST(COUNT(DISTINCT h.hour) AS BIGINT) AS b_hours, \
+    CAST(SUM(br.rate) AS DOUBLE PRECISION) AS b_usd \
+    FROM (SELECT bp.gpu_id, bp.period_start, bp.period_end, bp.billed / COUNT(ph.hour) AS rate \
+      FROM (SELECT gpu_id, period_start, period_end, SUM(billed_usd) AS billed \
+        FROM billed_gpu_periods WHERE period_start < {hi} AND period_end > {lo} \
+        GROUP BY gpu_id, period_start, period_end) bp \
+      JOIN gpu_hours ph ON ph.gpu_id = bp.gpu_id AND ph.hour >= bp.period_start \
+      AND ph.hour < bp.period_end AND ph.hour < {cap} \
+      GROUP BY bp.gpu_id, bp.period_start, bp.period_end, bp.billed) br \
+    JOIN gpu_hours h ON h.gpu_id = br.gpu_id AND h.hour >= br.period_start \
+    AND h.hour < br.period_end AND h.hour >= {lo} AND h.hour < {hi} \
+    JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour AND o.to_ts > h.hour \
+    GROUP BY h.gpu_id, o.from_ts"
+    )
+}
+
 pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
     instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
     first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, account, \
@@ -299,6 +322,7 @@ impl Store {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+        let (billed_gpu_hours, billed_usd) = self.billed_hours(id, window, now).await?;
         let allocations = sqlx::query(&self.sql(
             "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source, context \
              FROM allocations \
@@ -333,10 +357,44 @@ impl Store {
             conflicts,
             provenance,
             owner_history,
+            billed_gpu_hours,
+            billed_usd: (billed_usd * 100.0).round() / 100.0,
+            cost_basis: gpuledger_model::CostBasis::of(billed_gpu_hours, hours.len() as i64),
             mig_children,
             hours,
             allocations,
         }))
+    }
+
+    /// A GPU's present hours in the window that billing exports cover, and what was billed for
+    /// them.
+    async fn billed_hours(
+        &self,
+        id: i64,
+        window: Window,
+        now: DateTime<Utc>,
+    ) -> Result<(i64, f64)> {
+        let (lo, hi) = window.hours(now.timestamp());
+        let cap = Window {
+            from: 0,
+            to: now.timestamp(),
+        }
+        .hours(now.timestamp())
+        .1;
+        let sql = format!(
+            "SELECT CAST(COALESCE(SUM(b.b_hours), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(b.b_usd), 0) AS DOUBLE PRECISION) FROM ({}) b \
+             WHERE b.gpu_id = $1",
+            billed_hours_sql("$2", "$3", "$4")
+        );
+        let row: (i64, f64) = sqlx::query_as(&self.sql(&sql))
+            .bind(id)
+            .bind(lo)
+            .bind(hi)
+            .bind(cap)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(row)
     }
 
     /// The owner periods of a GPU, oldest first.
@@ -448,7 +506,7 @@ impl Store {
         } else {
             (0, 0, (lo, hi), (0, 0))
         };
-        let (clause, binds) = filters.clause_with(8, "o");
+        let (clause, binds) = filters.clause_with(11, "o");
         // Rows are summed per GPU and owner period before the join, so the join sees one row
         // per (GPU, period). A day split by a change of owner is read from its hours; the
         // other days from the day rollups. Each edge is its own range scan of the hour index
@@ -471,12 +529,15 @@ impl Store {
              AND h.hour < s.day + 86400",
             "s.day >= $1 AND s.day < $2",
         );
+        let billed = billed_hours_sql("$8", "$9", "$10");
         let sql = format!(
             "WITH split AS (\
                SELECT DISTINCT gpu_id, from_ts - (from_ts % 86400) AS day FROM gpu_owners \
                WHERE from_ts % 86400 <> 0) \
              SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, \
-             g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem \
+             g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
+             CAST(COALESCE(b.b_hours, 0) AS BIGINT) AS b_hours, \
+             CAST(COALESCE(b.b_usd, 0) AS DOUBLE PRECISION) AS b_usd \
              FROM (\
                SELECT gpu_id, o_from, \
                CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
@@ -495,6 +556,7 @@ impl Store {
                ) u GROUP BY gpu_id, o_from\
              ) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
+             LEFT JOIN ({billed}) b ON b.gpu_id = x.gpu_id AND b.o_from = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
         let sql = self.sql(&sql);
@@ -506,7 +568,17 @@ impl Store {
             .bind(e1.1)
             .bind(e2.0)
             .bind(e2.1)
-            .bind(self.settings.idle_threshold_pct);
+            .bind(self.settings.idle_threshold_pct)
+            .bind(lo)
+            .bind(hi)
+            .bind(
+                Window {
+                    from: 0,
+                    to: now.timestamp(),
+                }
+                .hours(now.timestamp())
+                .1,
+            );
         for b in binds {
             q = q.bind(b);
         }
@@ -535,6 +607,8 @@ impl Store {
                     allocated_idle_hours: r.try_get("alloc_idle")?,
                     known_hours: known,
                     activity_sum: r.try_get("act")?,
+                    billed_hours: r.try_get("b_hours")?,
+                    billed_usd: r.try_get("b_usd")?,
                 })
             })
             .collect()

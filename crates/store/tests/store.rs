@@ -97,6 +97,7 @@ both!(
     used_by_splits_shared_hours_and_sums_to_the_cost,
     sources_report_freshness,
     gpus_list_filters_and_detail,
+    billing_import_is_kept_and_shown_beside_the_estimate,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -1387,4 +1388,101 @@ async fn contracts_price_gpus_by_their_pushed_account() {
     );
     let b = gpus.iter().find(|g| g.uuid == B).unwrap();
     assert_eq!(b.usd_per_hour, Some(12.29));
+}
+
+/// A FOCUS export against the hand-computed fleet: node-a's p5 line is matched to GPU A (its
+/// only physical GPU: the MIG instance is no extra GPU), the unknown instance is listed, the
+/// storage line is no GPU spend. Stored, it shows beside the estimate in summaries, spread over
+/// A's present hours of the month; the same file again changes nothing; a corrected file under
+/// the same name replaces it.
+async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
+    let out = push(&store, &who("p", None), SCENARIO).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let focus = |a_cost: &str| {
+        format!(
+            "BilledCost,ChargePeriodStart,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+             60.00,2026-12-01T00:00:00Z,{a_cost},arn:aws:ec2:us-east-1:1:instance/node-a,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon EC2,AWS\n\
+             10.00,2026-12-01T00:00:00Z,10.00,i-0zzz,$1.006 per On Demand Linux g5.xlarge Instance Hour,Amazon EC2,AWS\n\
+             1.00,2026-12-01T00:00:00Z,1.00,node-a,$0.023 per GB-month of storage,Amazon S3,AWS\n"
+        )
+    };
+    let done = store
+        .import_billing("focus-2026-12.csv", &focus("48.00"), now())
+        .await
+        .unwrap();
+    assert!(!done.unchanged);
+    let r = &done.report;
+    assert_eq!((r.lines, r.gpu_lines, r.matched_lines), (3, 2, 1));
+    assert_eq!(r.unmatched.len(), 1);
+    assert_eq!(r.unmatched[0].resource_id.as_deref(), Some("i-0zzz"));
+    assert_eq!(r.gpus.len(), 1);
+    assert_eq!((r.gpus[0].uuid.as_str(), r.gpus[0].billed_usd), (A, 48.0));
+    // 6 present hours × $12.29.
+    assert_eq!(r.gpus[0].estimated_usd, Some(73.74));
+
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = group(&s.groups, "nlp");
+    assert_eq!(nlp.cost_usd, 73.74, "the estimate stays the estimate");
+    assert_eq!(
+        (
+            nlp.billed_gpu_hours,
+            nlp.billed_usd,
+            nlp.billed_estimate_usd
+        ),
+        (6, 48.0, 73.74)
+    );
+    assert_eq!(
+        nlp.cost_basis,
+        gpuledger_model::CostBasis::PartlyReconciled,
+        "C's 2 hours are not billed"
+    );
+    assert_eq!(
+        group(&s.groups, "vision").cost_basis,
+        gpuledger_model::CostBasis::Estimate
+    );
+    // Half of A's hours in the window: half of what was billed for the month.
+    let early = Window {
+        from: t("2026-12-01T00:00:00Z").timestamp(),
+        to: t("2026-12-01T03:00:00Z").timestamp(),
+    };
+    let s = store
+        .summary(early, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = group(&s.groups, "nlp");
+    assert_eq!((nlp.billed_gpu_hours, nlp.billed_usd), (3, 24.0));
+    assert_eq!(nlp.cost_basis, gpuledger_model::CostBasis::Reconciled);
+
+    let again = store
+        .import_billing("focus-2026-12.csv", &focus("48.00"), now())
+        .await
+        .unwrap();
+    assert!(again.unchanged, "the same content changes nothing");
+    store
+        .import_billing("focus-2026-12.csv", &focus("30.00"), now())
+        .await
+        .unwrap();
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(
+        group(&s.groups, "nlp").billed_usd,
+        30.0,
+        "a corrected export replaces, never adds"
+    );
+    let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    assert_eq!((d.billed_gpu_hours, d.billed_usd), (6, 30.0));
+    assert_eq!(d.cost_basis, gpuledger_model::CostBasis::Reconciled);
+    let files = store.billing_files().await.unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].report["matched_lines"], 1);
+    let err = store
+        .import_billing("not-focus.csv", "a,b\n1,2\n", now())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ChargePeriodStart"), "{err}");
 }

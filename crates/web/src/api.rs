@@ -167,7 +167,7 @@ pub async fn gpu(
     Json(detail).into_response()
 }
 
-pub(crate) const SUMMARY_CSV_HEADER: [&str; 14] = [
+pub(crate) const SUMMARY_CSV_HEADER: [&str; 18] = [
     "key",
     "gpus",
     "gpu_hours",
@@ -181,6 +181,10 @@ pub(crate) const SUMMARY_CSV_HEADER: [&str; 14] = [
     "idle_cost_usd",
     "allocated_idle_cost_usd",
     "unpriced_gpu_hours",
+    "cost_basis",
+    "billed_gpu_hours",
+    "billed_usd",
+    "billed_estimate_usd",
     "is_total",
 ];
 
@@ -199,6 +203,10 @@ fn summary_csv_row(g: &SummaryGroup, total: bool) -> Vec<String> {
         format!("{:.2}", g.idle_cost_usd),
         format!("{:.2}", g.allocated_idle_cost_usd),
         g.unpriced_gpu_hours.to_string(),
+        g.cost_basis.as_str().to_string(),
+        g.billed_gpu_hours.to_string(),
+        format!("{:.2}", g.billed_usd),
+        format!("{:.2}", g.billed_estimate_usd),
         total.to_string(),
     ]
 }
@@ -271,6 +279,23 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
         });
     }
     Json(serde_json::json!({ "items": list })).into_response()
+}
+
+/// `GET /api/v1/billing`: the imported billing exports, newest first, each with its
+/// reconciliation as at import (per GPU, team and month: estimated, billed, difference; the
+/// GPU spend no known host matched; the lines that could not be read).
+pub async fn billing(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    match Params::parse(q.as_deref(), &[]) {
+        Err(e) => return bad_request(e),
+        Ok(p) if !p.filters.is_empty() => {
+            return bad_request("billing exports are not filtered by GPU attributes".into())
+        }
+        Ok(_) => {}
+    }
+    match state.store.billing_files().await {
+        Ok(files) => Json(serde_json::json!({ "items": files })).into_response(),
+        Err(e) => internal(e),
+    }
 }
 
 /// `GET /api/v1/teams`: the team registry, and the teams that own GPUs without being in it.

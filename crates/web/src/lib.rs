@@ -114,6 +114,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/teams", get(api::teams))
         .route("/api/v1/savings", get(ui::savings_api))
         .route("/api/v1/used-by", get(api::used_by))
+        .route("/api/v1/billing", get(api::billing))
         .route("/api/v1/openapi.json", get(openapi::serve))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -25,6 +25,10 @@ mod tests {
             "/api/v1/gpus/{uuid}",
             "/api/v1/summary",
             "/api/v1/sources",
+            "/api/v1/teams",
+            "/api/v1/savings",
+            "/api/v1/used-by",
+            "/api/v1/billing",
             "/api/v1/openapi.json",
         ] {
             assert!(
@@ -45,5 +49,34 @@ mod tests {
             fields.as_object().unwrap().keys().collect::<Vec<_>>(),
             props.keys().collect::<Vec<_>>()
         );
+        // Every field the push types can carry is documented.
+        let alloc: gpuledger_model::PushAllocation = serde_json::from_value(serde_json::json!({
+            "gpu_uuid": "GPU-1", "start": "2026-12-02T08:00:00Z", "end": null,
+            "workload": "ns/p", "kind": "pod", "user": "a", "team": "t", "owner": "Job/j",
+            "context": {"namespace": "ns", "pod_labels": {"a": "b"}, "pod_annotations": {"a": "b"},
+                "namespace_labels": {"a": "b"}, "namespace_annotations": {"a": "b"},
+                "slurm_account": "x", "slurm_partition": "y"}
+        }))
+        .unwrap();
+        let gpu: gpuledger_model::PushGpu = serde_json::from_value(serde_json::json!({
+            "uuid": "GPU-1", "model": "m", "account": "123", "observed_at": "2026-12-02T08:00:00Z"
+        }))
+        .unwrap();
+        for (schema, value) in [
+            ("PushAllocation", serde_json::to_value(&alloc).unwrap()),
+            (
+                "WorkloadContext",
+                serde_json::to_value(&alloc.context).unwrap(),
+            ),
+            ("PushGpu", serde_json::to_value(&gpu).unwrap()),
+        ] {
+            let props = schemas[schema]["properties"].as_object().unwrap();
+            for k in value.as_object().unwrap().keys() {
+                assert!(
+                    props.contains_key(k),
+                    "{schema}.{k} missing from openapi.json"
+                );
+            }
+        }
     }
 }

@@ -19,6 +19,7 @@ pub struct GpuPage {
     pub hours: String,
     pub activity: String,
     pub cost: String,
+    pub cost_basis: String,
     pub alloc_idle_cost: String,
     pub activity_svg: String,
     pub memory_svg: String,
@@ -334,6 +335,17 @@ pub async fn gpu_page(
         cost: rate
             .map(|r| usd(r * d.hours.len() as f64))
             .unwrap_or_else(|| "unknown".into()),
+        cost_basis: if d.billed_gpu_hours > 0 {
+            format!(
+                "{}: billed {} for {} of {} GPU-hours",
+                d.cost_basis.as_str(),
+                usd(d.billed_usd),
+                count(d.billed_gpu_hours),
+                count(d.hours.len() as i64)
+            )
+        } else {
+            "estimate: no billing export covers the range".into()
+        },
         alloc_idle_cost: rate
             .map(|r| usd(r * alloc_idle as f64))
             .unwrap_or_else(|| "unknown".into()),

@@ -25,6 +25,8 @@ pub struct Overview {
     pub avg_activity: String,
     pub cost: String,
     pub unpriced: String,
+    /// `estimate only`, or what was billed for the reconciled GPU-hours.
+    pub cost_basis: String,
     pub idle_cost: String,
     pub idle_hours: String,
     pub alloc_idle_cost: String,
@@ -71,6 +73,11 @@ pub fn spend_table(
                 "Mean hourly activity over the hours whose activity is known.",
             ),
             ncol("Cost", "Σ present hours × rate (estimate)."),
+            ncol(
+                "Billed",
+                "What imported billing exports billed for this group's GPU-hours in reconciled \
+                 months (with those hours); '—' where the cost is an estimate only.",
+            ),
             ncol("Idle cost", "Σ idle hours × rate."),
             ncol(
                 "Allocated-idle cost",
@@ -89,6 +96,7 @@ pub fn spend_table(
             Cell::num(count(g.gpu_hours), g.gpu_hours as f64),
             Cell::num(pct(g.avg_activity_pct), g.avg_activity_pct.unwrap_or(-1.0)),
             Cell::num(usd(g.cost_usd), g.cost_usd),
+            Cell::num(billed_text(g), g.billed_usd),
             Cell::num(usd(g.idle_cost_usd), g.idle_cost_usd),
             Cell::num(usd(g.allocated_idle_cost_usd), g.allocated_idle_cost_usd),
         ]);
@@ -215,6 +223,7 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         } else {
             "every GPU-hour priced".into()
         },
+        cost_basis: cost_basis_text(t),
         idle_cost: usd(t.idle_cost_usd),
         idle_hours: count(t.idle_hours),
         alloc_idle_cost: usd(t.allocated_idle_cost_usd),
@@ -249,4 +258,30 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     };
     let tables = [&page.by_team, &page.by_env, &page.top_waste];
     respond(&page, &tables, &p)
+}
+
+/// `$1,234.00 (410 h)`: what was billed for a group's reconciled GPU-hours, or `—`.
+pub fn billed_text(g: &SummaryGroup) -> String {
+    if g.billed_gpu_hours > 0 {
+        format!("{} ({} h)", usd(g.billed_usd), count(g.billed_gpu_hours))
+    } else {
+        "—".into()
+    }
+}
+
+/// The cost card's basis: an estimate, or partly or wholly reconciled with billing.
+pub fn cost_basis_text(t: &SummaryGroup) -> String {
+    match t.cost_basis {
+        gpuledger_model::CostBasis::Estimate => {
+            "estimate: no billing export covers the range".into()
+        }
+        basis => format!(
+            "{}: billed {} for {} of {} GPU-hours (estimated {} for those)",
+            basis.as_str(),
+            usd(t.billed_usd),
+            count(t.billed_gpu_hours),
+            count(t.gpu_hours),
+            usd(t.billed_estimate_usd)
+        ),
+    }
 }

@@ -102,6 +102,11 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
                 "Cost",
                 "Σ present hours × rate of the GPUs it owns (charged to the owner).",
             ),
+            ncol(
+                "Billed",
+                "What imported billing exports billed for its GPU-hours in reconciled months \
+                 (with those hours); '—' where its cost is an estimate only.",
+            ),
             ncol("Idle cost", "Σ idle hours × rate of the GPUs it owns."),
             ncol(
                 "Avg activity",
@@ -141,6 +146,7 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
                 u.map(|u| u.allocated_hours).unwrap_or(0.0),
             ),
             Cell::num(usd(g.cost_usd), g.cost_usd),
+            Cell::num(super::overview::billed_text(&g), g.billed_usd),
             Cell::num(usd(g.idle_cost_usd), g.idle_cost_usd),
             Cell::num(pct(g.avg_activity_pct), g.avg_activity_pct.unwrap_or(-1.0)),
             Cell::num(t, dv),

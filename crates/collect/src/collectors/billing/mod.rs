@@ -1,0 +1,239 @@
+//! The `billing` collector: watches a folder where a cloud delivers its FinOps FOCUS billing
+//! exports (AWS Data Exports, Azure Cost Management exports, GCP and OCI FOCUS exports, synced
+//! to a local or mounted folder) and reports each new or changed file, so that the server
+//! reconciles it with the estimates as `gpuledger import billing FILE` does.
+//!
+//! Read-only: it lists the folder and reads file metadata; the server reads the file.
+//!
+//! ```toml
+//! [[collectors]]
+//! type = "billing"
+//! name = "aws-focus"
+//! dir = "/exports/focus"          # searched recursively (BILLING_PERIOD=2026-11/ folders)
+//! patterns = ["*.csv", "*.csv.gz"] # the default
+//! settle_secs = 120                # skip files written less than this long ago
+//! interval_secs = 3600
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use gpuledger_model::{Observation, Provenance};
+use serde::Deserialize;
+
+use crate::{in_range, now_secs, CollectError, CollectFuture, Collector};
+
+/// The kind string: config `type`, module name, test module.
+pub const KIND: &str = "billing";
+
+/// How deep folders are searched below `dir`.
+const MAX_DEPTH: usize = 8;
+/// The most files one run reports (the rest come in later runs).
+const MAX_FILES_PER_RUN: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(rename = "type")]
+    _kind: Option<String>,
+    #[serde(rename = "name")]
+    _name: Option<String>,
+    #[serde(rename = "interval_secs")]
+    _interval_secs: Option<u64>,
+    dir: Option<PathBuf>,
+    patterns: Option<Vec<String>>,
+    settle_secs: Option<u64>,
+}
+
+/// A checked configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BillingConfig {
+    pub dir: PathBuf,
+    /// File name patterns (`*` and `?`).
+    pub patterns: Vec<String>,
+    /// Files modified more recently than this are left for the next run: still being written.
+    pub settle_secs: u64,
+}
+
+impl BillingConfig {
+    /// Read and check a `[[collectors]]` entry's TOML text.
+    pub fn from_toml(text: &str) -> Result<BillingConfig, CollectError> {
+        let raw: FileConfig = toml_edit::de::from_str(text)
+            .map_err(|e| CollectError::Config(e.to_string().trim().replace('\n', " ")))?;
+        let dir = raw.dir.ok_or_else(|| {
+            CollectError::Config(
+                "set `dir` to the folder the billing exports are delivered to".into(),
+            )
+        })?;
+        let patterns = raw
+            .patterns
+            .unwrap_or_else(|| vec!["*.csv".into(), "*.csv.gz".into()]);
+        if patterns.is_empty() || patterns.iter().any(|p| p.trim().is_empty()) {
+            return Err(CollectError::Config(
+                "patterns: give file name patterns, like [\"*.csv\", \"*.csv.gz\"]".into(),
+            ));
+        }
+        Ok(BillingConfig {
+            dir,
+            patterns,
+            settle_secs: in_range("settle_secs", raw.settle_secs, 120, 0, 86_400)?,
+        })
+    }
+}
+
+/// The collector: remembers each file's size and modification time, and reports a file when
+/// it is new or either changed.
+pub struct BillingCollector {
+    name: String,
+    config: BillingConfig,
+    seen: Mutex<HashMap<PathBuf, (u64, SystemTime)>>,
+}
+
+impl BillingCollector {
+    pub fn from_toml(name: &str, text: &str) -> Result<BillingCollector, CollectError> {
+        Ok(BillingCollector {
+            name: name.to_string(),
+            config: BillingConfig::from_toml(text)?,
+            seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One pass over the folder: the settled files that are new or changed since the last
+    /// pass, in path order.
+    pub fn run(&self, now: SystemTime) -> Result<Vec<Observation>, CollectError> {
+        let dir = &self.config.dir;
+        if !dir.is_dir() {
+            return Err(CollectError::Config(format!(
+                "dir {}: not a folder this server can read",
+                dir.display()
+            )));
+        }
+        let mut files = Vec::new();
+        walk(dir, 0, &self.config.patterns, &mut files)?;
+        files.sort();
+        let settle = Duration::from_secs(self.config.settle_secs);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let at = now_secs();
+        let mut out = Vec::new();
+        for (path, size, modified) in files {
+            if out.len() >= MAX_FILES_PER_RUN {
+                break;
+            }
+            if now.duration_since(modified).unwrap_or_default() < settle {
+                continue; // Still being written, or just written: next run.
+            }
+            if seen.get(&path) == Some(&(size, modified)) {
+                continue;
+            }
+            seen.insert(path.clone(), (size, modified));
+            out.push(Observation::BillingExport {
+                path: path.display().to_string(),
+                size_bytes: size,
+                modified: DateTime::<Utc>::from(modified),
+                provenance: Provenance {
+                    source: self.name.clone(),
+                    observed_at: at,
+                    raw_key: Some(path.display().to_string()),
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Files under `dir` whose names match a pattern, with size and modification time.
+fn walk(
+    dir: &Path,
+    depth: usize,
+    patterns: &[String],
+    out: &mut Vec<(PathBuf, u64, SystemTime)>,
+) -> Result<(), CollectError> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| CollectError::Transient(format!("listing {}: {e}", dir.display())))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            if depth < MAX_DEPTH {
+                walk(&path, depth + 1, patterns, out)?;
+            }
+            continue;
+        }
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if meta.is_file() && patterns.iter().any(|p| glob(p, &name)) {
+            out.push((
+                path,
+                meta.len(),
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `*` matches any run of characters, `?` one character.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+impl Collector for BillingCollector {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn collect(&self) -> CollectFuture<'_> {
+        Box::pin(async move { self.run(SystemTime::now()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_checked() {
+        let c = BillingConfig::from_toml("dir = \"/x\"\n").unwrap();
+        assert_eq!(c.patterns, ["*.csv", "*.csv.gz"]);
+        assert_eq!(c.settle_secs, 120);
+        let e = BillingConfig::from_toml("patterns = [\"*.csv\"]\n").unwrap_err();
+        assert!(e.to_string().contains("set `dir`"), "{e}");
+        let e = BillingConfig::from_toml("dir = \"/x\"\npatterns = []\n").unwrap_err();
+        assert!(e.to_string().contains("patterns:"), "{e}");
+        let e = BillingConfig::from_toml("dir = \"/x\"\nfolder = \"/y\"\n").unwrap_err();
+        assert!(e.to_string().contains("unknown field `folder`"), "{e}");
+    }
+
+    #[test]
+    fn patterns_match_file_names() {
+        assert!(glob("*.csv", "focus-2026-11.csv"));
+        assert!(glob("*.csv.gz", "part-0001.csv.gz"));
+        assert!(!glob("*.csv", "focus.csv.gz"));
+        assert!(!glob("*.csv", "manifest.json"));
+    }
+}

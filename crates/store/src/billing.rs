@@ -1,0 +1,202 @@
+//! Billing exports reconciled and kept: a FOCUS file's GPU spend matched to GPUs (the matching
+//! and arithmetic are `ledger::billing`'s), stored per GPU and charge period so that costs over
+//! any window can show what was billed for its hours beside what was estimated.
+//!
+//! A file is keyed by its name: importing it again replaces what it said (a corrected or
+//! extended export of the month), and importing the same content again changes nothing.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+use gpuledger_ledger::billing::{parse_focus, reconcile, PeriodHours, Reconciliation};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+
+use crate::{Filters, Result, Store, StoreError, Window};
+
+/// What importing one export did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BillingImport {
+    pub name: String,
+    pub sha256: String,
+    pub imported_at: DateTime<Utc>,
+    /// The same name with the same content was imported before: nothing changed.
+    pub unchanged: bool,
+    pub report: Reconciliation,
+}
+
+/// An imported export as `GET /api/v1/billing` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BillingFile {
+    pub name: String,
+    pub sha256: String,
+    pub imported_at: DateTime<Utc>,
+    /// The reconciliation as it was at import.
+    pub report: serde_json::Value,
+}
+
+/// `[start, end)` of the calendar month (UTC) of `t`, and its `YYYY-MM`.
+pub fn month_of(t: DateTime<Utc>) -> Option<(i64, i64)> {
+    let start = Utc
+        .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+        .single()?;
+    let (y, m) = if t.month() == 12 {
+        (t.year() + 1, 1)
+    } else {
+        (t.year(), t.month() + 1)
+    };
+    let end = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()?;
+    Some((start.timestamp(), end.timestamp()))
+}
+
+impl Store {
+    /// Read a FOCUS export, reconcile its GPU spend with the estimates per GPU, team and month,
+    /// and keep what was billed per GPU and month under the file's `name`. A file that is not
+    /// a FOCUS export is refused whole; a line that cannot be read is named in the report's
+    /// problems and the rest is kept.
+    pub async fn import_billing(
+        &self,
+        name: &str,
+        text: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BillingImport> {
+        let sha256 = hex::encode(Sha256::digest(text.as_bytes()));
+        let stored: Option<(String, String, i64)> = sqlx::query_as(
+            &self.sql("SELECT sha256, report, imported_at FROM billing_files WHERE name = $1"),
+        )
+        .bind(name.to_string())
+        .fetch_optional(self.pool())
+        .await?;
+        if let Some((sha, report, at)) = &stored {
+            if *sha == sha256 {
+                return Ok(BillingImport {
+                    name: name.to_string(),
+                    sha256,
+                    imported_at: Utc.timestamp_opt(*at, 0).single().unwrap_or_default(),
+                    unchanged: true,
+                    report: serde_json::from_str(report).unwrap_or_default(),
+                });
+            }
+        }
+        let (lines, problems) =
+            parse_focus(name, text).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let filters = Filters::default();
+        let mut windows = BTreeMap::new();
+        for l in lines.iter().filter(|l| l.gpu) {
+            if windows.contains_key(&l.month) {
+                continue;
+            }
+            let Some((from, to)) = month_of(l.charge_period_start) else {
+                continue;
+            };
+            windows.insert(
+                l.month.clone(),
+                self.gpu_totals(Window { from, to }, &filters, now).await?,
+            );
+        }
+        // Each GPU's present hours in each charge period of the GPU lines.
+        let cap = Window {
+            from: 0,
+            to: now.timestamp(),
+        }
+        .hours(now.timestamp())
+        .1;
+        let mut period_hours = PeriodHours::new();
+        for l in lines.iter().filter(|l| l.gpu) {
+            let period = (
+                l.charge_period_start.timestamp(),
+                l.charge_period_end.timestamp(),
+            );
+            if period_hours.contains_key(&period) {
+                continue;
+            }
+            let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql(
+                "SELECT g.uuid, CAST(COUNT(*) AS BIGINT) FROM gpu_hours h \
+                 JOIN gpus g ON g.id = h.gpu_id \
+                 WHERE h.hour >= $1 AND h.hour < $2 AND h.hour < $3 \
+                 AND g.mig_parent_uuid IS NULL GROUP BY g.uuid",
+            ))
+            .bind(period.0)
+            .bind(period.1)
+            .bind(cap)
+            .fetch_all(self.pool())
+            .await?;
+            period_hours.insert(period, rows.into_iter().collect());
+        }
+        // A cloud instance ID (from a Kubernetes node's providerID) names its host.
+        let aliases: HashMap<String, String> = self
+            .list_gpus(&filters, false, now)
+            .await?
+            .into_iter()
+            .filter_map(|g| Some((g.labels.get("instance_id")?.to_ascii_lowercase(), g.host?)))
+            .collect();
+        let report = reconcile(&lines, &windows, &period_hours, &aliases, problems);
+
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool().begin().await?;
+        let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
+        let file_id: i64 = sqlx::query_scalar(&self.sql(
+            "INSERT INTO billing_files (name, sha256, imported_at, report) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, \
+             imported_at = excluded.imported_at, report = excluded.report RETURNING id",
+        ))
+        .bind(name.to_string())
+        .bind(sha256.clone())
+        .bind(now.timestamp())
+        .bind(json)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(&self.sql("DELETE FROM billed_gpu_periods WHERE file_id = $1"))
+            .bind(file_id)
+            .execute(&mut *tx)
+            .await?;
+        for b in &report.shares {
+            sqlx::query(&self.sql(
+                "INSERT INTO billed_gpu_periods (file_id, gpu_id, period_start, period_end, billed_usd) \
+                 SELECT $1, id, $3, $4, $5 FROM gpus WHERE uuid = $2 \
+                 ON CONFLICT (file_id, gpu_id, period_start, period_end) DO UPDATE SET \
+                 billed_usd = billed_gpu_periods.billed_usd + excluded.billed_usd",
+            ))
+            .bind(file_id)
+            .bind(b.uuid.clone())
+            .bind(b.period_start)
+            .bind(b.period_end)
+            .bind(b.billed_usd)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(BillingImport {
+            name: name.to_string(),
+            sha256,
+            imported_at: now,
+            unchanged: false,
+            report,
+        })
+    }
+
+    /// The imported exports, newest first, with their reports as at import.
+    pub async fn billing_files(&self) -> Result<Vec<BillingFile>> {
+        sqlx::query(
+            "SELECT name, sha256, imported_at, report FROM billing_files \
+             ORDER BY imported_at DESC, name",
+        )
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            let report: String = r.try_get("report")?;
+            Ok(BillingFile {
+                name: r.try_get("name")?,
+                sha256: r.try_get("sha256")?,
+                imported_at: Utc
+                    .timestamp_opt(r.try_get("imported_at")?, 0)
+                    .single()
+                    .unwrap_or_default(),
+                report: serde_json::from_str(&report).unwrap_or_default(),
+            })
+        })
+        .collect()
+    }
+}
