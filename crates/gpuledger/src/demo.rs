@@ -73,6 +73,50 @@ fn uuid_from(prefix: &str, h: u64, salt: u64) -> String {
 }
 
 impl Host {
+    /// The cloud account, project or subscription the host is billed to.
+    pub fn account(&self) -> Option<&'static str> {
+        match self.cloud {
+            Cloud::Aws => Some("111122223333"),
+            Cloud::Gcp => Some("ml-platform-prod"),
+            Cloud::Azure => Some("5f3c1a2e-9b7d-4c11-8e2f-0a6b3c4d5e6f"),
+            _ => None,
+        }
+    }
+
+    /// An AWS host's EC2 instance ID, which billing exports name it by.
+    pub fn instance_id(&self) -> Option<String> {
+        (self.cloud == Cloud::Aws).then(|| format!("i-0{:016x}", mix(self.index * 31 + 5)))
+    }
+
+    /// What ownership rules read of a workload on this host: the namespace and its `team`
+    /// label for pods, the account and partition for Slurm jobs.
+    fn workload_context(&self, workload: &str) -> gpuledger_model::WorkloadContext {
+        let mut c = gpuledger_model::WorkloadContext::default();
+        match self.kind {
+            AllocationKind::Pod => {
+                if let Some((ns, _)) = workload.split_once('/') {
+                    c.namespace = Some(ns.to_string());
+                    if let Some(t) = self.team {
+                        c.namespace_labels.insert("team".into(), t.into());
+                    }
+                }
+            }
+            AllocationKind::SlurmJob => {
+                c.slurm_account = self.team.map(String::from);
+                c.slurm_partition = Some(
+                    if self.model.contains("H200") {
+                        "h200"
+                    } else {
+                        "a100"
+                    }
+                    .into(),
+                );
+            }
+            _ => {}
+        }
+        c
+    }
+
     pub fn uuid(&self, gpu: u32) -> String {
         uuid_from("GPU", mix(self.index * 1000 + gpu as u64 + 7), 0x5bd1e995)
     }
@@ -98,23 +142,99 @@ pub const TEAMS: [&str; 8] = [
     "nlp", "vision", "speech", "recsys", "research", "platform", "search", "robotics",
 ];
 
-/// The demo's ownership rule: on the EKS cluster the owner comes from the node's `team` label
-/// through a named rule (the result equals the built-in label rule, so the fleet's figures do
-/// not depend on it, but the reason names the rule and the source value it matched).
+/// The demo's ownership rules: on GKE the owner is the `team` label of the namespace of the
+/// pod holding the GPU, on Slurm the job's account, on EKS the node's `team` label. Each gives
+/// the same team as the built-in label rule, so the fleet's figures do not depend on them, but
+/// the reasons name the rule and the source value it matched.
 pub fn ownership_rules() -> gpuledger_ledger::OwnershipRules {
     use gpuledger_ledger::ownership::{Attr, Rule, Setting};
     gpuledger_ledger::OwnershipRules {
         assignments: vec![],
-        rules: vec![Rule {
-            name: Some("eks node team label".into()),
-            when: vec![
-                (Attr::Cluster, "aws-use1-eks".into()),
-                (Attr::Label("team".into()), "*".into()),
-            ],
-            team: Some(Setting::From(Attr::Label("team".into()))),
-            env: None,
-        }],
+        rules: vec![
+            Rule {
+                name: Some("gke namespace team".into()),
+                when: vec![
+                    (Attr::Cluster, "gcp-usc1-gke".into()),
+                    (Attr::Namespace, "*".into()),
+                ],
+                team: Some(Setting::From(Attr::NamespaceLabel("team".into()))),
+                env: None,
+            },
+            Rule {
+                name: Some("slurm account".into()),
+                when: vec![
+                    (Attr::Cluster, "rdu-slurm".into()),
+                    (Attr::SlurmPartition, "*".into()),
+                ],
+                team: Some(Setting::From(Attr::SlurmAccount)),
+                env: None,
+            },
+            Rule {
+                name: Some("eks node team label".into()),
+                when: vec![
+                    (Attr::Cluster, "aws-use1-eks".into()),
+                    (Attr::Label("team".into()), "*".into()),
+                ],
+                team: Some(Setting::From(Attr::Label("team".into()))),
+                env: None,
+            },
+        ],
     }
+}
+
+/// A FOCUS export of the AWS hosts' complete days in `[from, to)`, as AWS Data Exports would
+/// deliver it: each instance-day billed at its on-demand price, the p5 hosts under a savings
+/// plan (28 % off in `EffectiveCost`), plus an EBS volume (no GPU spend) and a g5.12xlarge
+/// still billed that no source reports any more.
+pub fn focus_export(hosts: &[Host], from: i64, to: i64) -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "BillingAccountId,ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,\
+         ResourceId,ChargeDescription,ServiceName,ProviderName\n",
+    );
+    let first = from.div_euclid(86_400) + 1;
+    let last = to.div_euclid(86_400);
+    let iso = |t: i64| {
+        Utc.timestamp_opt(t, 0)
+            .single()
+            .unwrap_or_default()
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    for day in first..last {
+        let (start, end) = (iso(day * 86_400), iso((day + 1) * 86_400));
+        for h in hosts.iter().filter(|h| h.cloud == Cloud::Aws) {
+            let (Some(id), Some(price)) = (
+                h.instance_id(),
+                gpuledger_ledger::catalog::instance_price(h.instance_type),
+            ) else {
+                continue;
+            };
+            let billed = price.usd_per_hour * 24.0;
+            let (effective, what) = if h.instance_type.starts_with("p5.") {
+                (billed * 0.72, "SavingsPlanCoveredUsage")
+            } else {
+                (billed, "On Demand Linux")
+            };
+            let _ = writeln!(
+                out,
+                "111122223333,{start},{end},{billed:.2},{effective:.2},\
+                 arn:aws:ec2:us-east-1:111122223333:instance/{id},\
+                 ${} per {what} {} Instance Hour,Amazon Elastic Compute Cloud,AWS",
+                price.usd_per_hour, h.instance_type
+            );
+        }
+        let _ = writeln!(
+            out,
+            "111122223333,{start},{end},136.13,136.13,\
+             arn:aws:ec2:us-east-1:111122223333:instance/i-0decommissioned01,\
+             $5.672 per On Demand Linux g5.12xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+             111122223333,{start},{end},2.67,2.67,\
+             arn:aws:ec2:us-east-1:111122223333:volume/vol-0data,\
+             $0.08 per GB-month of General Purpose SSD (gp3),Amazon Elastic Compute Cloud,AWS"
+        );
+    }
+    out
 }
 
 /// The demo's team registry (`GET /api/v1/teams`).
@@ -567,9 +687,12 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
         if let Some(e) = h.env {
             labels.insert("env".to_string(), e.to_string());
         }
+        if let Some(id) = h.instance_id() {
+            labels.insert("instance_id".to_string(), id);
+        }
         let uuid = h.uuid(gpu);
         out.push(PushGpu {
-            account: None,
+            account: h.account().map(String::from),
             uuid: uuid.clone(),
             model: h.model.to_string(),
             memory_mib: Some(h.memory_mib),
@@ -591,7 +714,7 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
         if let Some(profile) = h.mig_profile {
             for inst in 0..2 {
                 out.push(PushGpu {
-                    account: None,
+                    account: h.account().map(String::from),
                     uuid: h.mig_uuid(gpu, inst),
                     model: h.model.to_string(),
                     memory_mib: Some(h.memory_mib / 2 - 512),
@@ -629,7 +752,7 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
         }
         for (s, e, workload) in allocations(h, gpu, from, to) {
             body.allocations.push(PushAllocation {
-                context: Default::default(),
+                context: h.workload_context(&workload),
                 gpu_uuid: uuid.clone(),
                 start: Utc.timestamp_opt(s, 0).single().unwrap_or_default(),
                 end: e.and_then(|e| Utc.timestamp_opt(e, 0).single()),
@@ -732,6 +855,17 @@ pub async fn load(state: &AppState, seed: u64, days: i64) -> anyhow::Result<Demo
             }
         }
     }
+    // What AWS billed for the complete days, so costs show what was billed beside them.
+    let export = focus_export(&hosts, from, now.timestamp());
+    let done = state
+        .store
+        .import_billing("demo/focus-aws.csv", &export, now)
+        .await?;
+    tracing::info!(
+        matched = done.report.matched_lines,
+        unmatched = done.report.unmatched.len(),
+        "demo billing export reconciled"
+    );
     Ok(Demo {
         hosts,
         tokens,

@@ -603,34 +603,51 @@ fn import_billing_reconciles_focus_lines_with_gpus() {
 }
 
 /// `serve` with a `billing` collector: a gzip FOCUS export delivered into a BILLING_PERIOD
-/// folder is found, reconciled against the demo fleet and kept; the API lists it and the
+/// folder is found, reconciled against a pushed GPU and kept; the API lists it and the
 /// summary shows what was billed beside the estimate.
 #[tokio::test]
 async fn serve_reconciles_billing_exports_a_folder_collector_finds() {
     use std::io::Write;
     let dir = tempdir("billing-collector");
-    let db = dir.join("demo.db");
-    let out = bin()
-        .args(["demo", "--load-only", "--days", "2", "--database-url"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
+    // First a GPU on host ip-10-9-9-9, present all of yesterday (hourly samples).
+    let tok = token(&dir, &["--source", "cron"]);
+    let yesterday = chrono::Utc::now().date_naive() - chrono::Days::new(1);
+    let day0 = yesterday.and_hms_opt(0, 0, 0).unwrap().and_utc();
+    let uuid = "GPU-99999999-0000-0000-0000-000000000001";
+    let samples: Vec<serde_json::Value> = (0..24)
+        .map(|h| {
+            serde_json::json!({"gpu_uuid": uuid, "util_pct": 50,
+                "ts": day0 + chrono::Duration::minutes(h * 60 + 30)})
+        })
+        .collect();
+    let body = serde_json::json!({
+        "gpus": [{"uuid": uuid, "model": "NVIDIA H100 80GB HBM3", "host": "ip-10-9-9-9",
+                  "cloud": "aws", "instance_type": "p5.48xlarge", "labels": {"team": "nlp"},
+                  "observed_at": day0}],
+        "samples": samples
+    });
+    {
+        let (_server, base) = serve(&dir, &[]);
+        let resp = reqwest::Client::new()
+            .post(format!("{base}/api/v1/ingest"))
+            .bearer_auth(&tok)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    }
     let period = dir.join(format!(
         "exports/BILLING_PERIOD={}",
         yesterday.format("%Y-%m")
     ));
     std::fs::create_dir_all(&period).unwrap();
-    let day = yesterday.format("%Y-%m-%d 00:00:00");
     let csv = format!(
-        "ChargePeriodStart,BilledCost,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
-         {day},2359.68,1500.00,arn:aws:ec2:us-east-1:1:instance/ip-10-1-0-01,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
-         {day},24.14,24.14,i-0unknown,$1.006 per On Demand Linux g5.xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n"
+        "ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+         {d}T00:00:00Z,{next}T00:00:00Z,2359.68,1500.00,arn:aws:ec2:us-east-1:1:instance/ip-10-9-9-9,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n\
+         {d}T00:00:00Z,{next}T00:00:00Z,24.14,24.14,i-0unknown,$1.006 per On Demand Linux g5.xlarge Instance Hour,Amazon Elastic Compute Cloud,AWS\n",
+        d = yesterday.format("%Y-%m-%d"),
+        next = (yesterday + chrono::Days::new(1)).format("%Y-%m-%d"),
     );
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(csv.as_bytes()).unwrap();
@@ -641,10 +658,7 @@ async fn serve_reconciles_billing_exports_a_folder_collector_finds() {
         "[[collectors]]\ntype = \"billing\"\nname = \"aws-focus\"\ndir = \"exports\"\nsettle_secs = 0\ninterval_secs = 10\n",
     )
     .unwrap();
-    let (_server, base) = serve(
-        &dir,
-        &["--config", "g.toml", "--database-url", db.to_str().unwrap()],
-    );
+    let (_server, base) = serve(&dir, &["--config", "g.toml"]);
     let mut files = serde_json::Value::Null;
     for _ in 0..100 {
         files = reqwest::get(format!("{base}/api/v1/billing"))
@@ -666,22 +680,20 @@ async fn serve_reconciles_billing_exports_a_folder_collector_finds() {
         "{f}"
     );
     assert_eq!(f["report"]["matched_lines"], 1, "{f}");
+    assert_eq!(f["report"]["gpus"][0]["uuid"], uuid);
     assert_eq!(f["report"]["unmatched"][0]["resource_id"], "i-0unknown");
-    let summary: serde_json::Value = reqwest::get(format!("{base}/api/v1/summary?range=62d"))
+    let summary: serde_json::Value = reqwest::get(format!("{base}/api/v1/summary?range=3d"))
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
     let total = &summary["total"];
+    // Yesterday's 24 hours are billed; today's hours so far are estimates only.
     assert_eq!(total["cost_basis"], "partly_reconciled", "{total}");
-    let billed = total["billed_usd"].as_f64().unwrap();
-    assert!((billed - 1500.0).abs() < 0.05, "{total}");
-    assert_eq!(
-        total["billed_gpu_hours"].as_i64().unwrap() % 8,
-        0,
-        "8 GPUs on the host"
-    );
+    assert_eq!(total["billed_gpu_hours"], 24, "{total}");
+    assert_eq!(total["billed_usd"], 1500.0, "{total}");
+    assert_eq!(total["billed_estimate_usd"], 24.0 * 12.29, "{total}");
     let sources: serde_json::Value = reqwest::get(format!("{base}/api/v1/sources"))
         .await
         .unwrap()

@@ -316,6 +316,11 @@ pub struct Unmatched {
     pub instance_type: Option<String>,
     pub description: Option<String>,
     pub effective_cost: f64,
+    /// The line's charge period, unix seconds, `[start, end)`.
+    #[serde(default)]
+    pub period_start: i64,
+    #[serde(default)]
+    pub period_end: i64,
 }
 
 /// One GPU's share of one matched line: what the store keeps, so that any window's hours in
@@ -396,6 +401,8 @@ pub fn reconcile(
                 instance_type: l.instance_type.clone(),
                 description: l.description.clone(),
                 effective_cost: l.effective_cost,
+                period_start: l.charge_period_start.timestamp(),
+                period_end: l.charge_period_end.timestamp(),
             });
             continue;
         };

@@ -36,6 +36,22 @@ pub struct BillingFile {
     pub report: serde_json::Value,
 }
 
+/// GPU spend an export billed that no known GPU matched, per resource: GPUs paid for that no
+/// source reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnseenSpend {
+    pub resource_id: String,
+    pub instance_type: Option<String>,
+    pub description: Option<String>,
+    /// Billed in the window's charge periods.
+    pub effective_cost: f64,
+    /// The first and last charge period billed in the window.
+    pub first: DateTime<Utc>,
+    pub last: DateTime<Utc>,
+    /// The export it was last billed in.
+    pub file: String,
+}
+
 /// `[start, end)` of the calendar month (UTC) of `t`, and its `YYYY-MM`.
 pub fn month_of(t: DateTime<Utc>) -> Option<(i64, i64)> {
     let start = Utc
@@ -174,6 +190,42 @@ impl Store {
             unchanged: false,
             report,
         })
+    }
+
+    /// GPU spend billed in charge periods overlapping `[from, to)` that matched no known GPU,
+    /// per resource, largest first.
+    pub async fn billed_unseen(&self, from: i64, to: i64) -> Result<Vec<UnseenSpend>> {
+        let mut by_resource: BTreeMap<String, UnseenSpend> = BTreeMap::new();
+        for f in self.billing_files().await? {
+            let Ok(report) = serde_json::from_value::<Reconciliation>(f.report) else {
+                continue;
+            };
+            for u in report.unmatched {
+                if u.period_end <= from || u.period_start >= to {
+                    continue;
+                }
+                let key = u
+                    .resource_id
+                    .clone()
+                    .unwrap_or_else(|| format!("line {} of {}", u.line, f.name));
+                let at = |t: i64| Utc.timestamp_opt(t, 0).single().unwrap_or_default();
+                let e = by_resource.entry(key.clone()).or_insert(UnseenSpend {
+                    resource_id: key,
+                    instance_type: u.instance_type.clone(),
+                    description: u.description.clone(),
+                    effective_cost: 0.0,
+                    first: at(u.period_start),
+                    last: at(u.period_end),
+                    file: f.name.clone(),
+                });
+                e.effective_cost += u.effective_cost;
+                e.first = e.first.min(at(u.period_start));
+                e.last = e.last.max(at(u.period_end));
+            }
+        }
+        let mut out: Vec<UnseenSpend> = by_resource.into_values().collect();
+        out.sort_by(|a, b| b.effective_cost.total_cmp(&a.effective_cost));
+        Ok(out)
     }
 
     /// The imported exports, newest first, with their reports as at import.

@@ -20,7 +20,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
-pub use billing::{month_of, BillingFile, BillingImport};
+pub use billing::{month_of, BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, IdleWorkload, SeriesPoint, UsedBy};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};

@@ -1474,6 +1474,12 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
         30.0,
         "a corrected export replaces, never adds"
     );
+    let unseen = store.billed_unseen(day().from, day().to).await.unwrap();
+    assert_eq!(unseen.len(), 1, "{unseen:?}");
+    assert_eq!(
+        (unseen[0].resource_id.as_str(), unseen[0].effective_cost),
+        ("i-0zzz", 10.0)
+    );
     let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
     assert_eq!((d.billed_gpu_hours, d.billed_usd), (6, 30.0));
     assert_eq!(d.cost_basis, gpuledger_model::CostBasis::Reconciled);

@@ -673,6 +673,41 @@ async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
     // The shares add up to the owners' cost, never more: 1.40 + 16.3864 = $17.79.
     assert_eq!(u["cost_usd"].as_f64(), Some(17.79));
     assert_eq!(s["total"]["cost_usd"].as_f64(), Some(17.79));
+    assert_eq!(s["total"]["cost_basis"], "estimate");
+    // The bill: host lab-1 billed $10.00 for 08:00–12:00. T and M were present 4 h each in
+    // that period, so each gets $5.00: nlp (owner of T) $5.00 billed against its $1.40
+    // estimate, vision $5.00 against $16.39. The estimate stays the estimate.
+    let bill =
+        "ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,ResourceId,ChargeDescription\n\
+        2026-12-02T08:00:00Z,2026-12-02T12:00:00Z,12.00,10.00,lab-1,GPU server lab-1 (A100 + T4)\n";
+    app.store
+        .import_billing("lab-bill.csv", bill, now())
+        .await
+        .unwrap();
+    let s = app
+        .get_json(&format!("/api/v1/summary?group_by=team&{window}"))
+        .await;
+    for (team, estimate) in [("nlp", 1.4), ("vision", 16.39)] {
+        let g = s["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["key"] == team)
+            .unwrap()
+            .clone();
+        assert_eq!(g["cost_basis"], "reconciled", "{g}");
+        assert_eq!(
+            (
+                g["billed_gpu_hours"].as_i64(),
+                g["billed_usd"].as_f64(),
+                g["billed_estimate_usd"].as_f64(),
+                g["cost_usd"].as_f64()
+            ),
+            (Some(4), Some(5.0), Some(estimate), Some(estimate)),
+            "{team}: {g}"
+        );
+    }
+    assert_eq!(s["total"]["billed_usd"].as_f64(), Some(10.0));
     // A GPU nobody held: its hours are `unallocated`, and the rows still add up to the cost.
     let x = json!({"gpus": [{"uuid": "GPU-14000000-0000-0000-0000-0000000000l4", "model": "NVIDIA L4",
         "labels": {"team": "nlp"}, "observed_at": "2026-12-02T08:00:00Z"}]});

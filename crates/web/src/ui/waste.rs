@@ -1,5 +1,6 @@
 //! The Waste page: idle GPUs, allocated-but-idle workloads, GPUs whose memory use stays far
-//! below capacity, and missing GPUs, each with its $ per month and a link to the evidence.
+//! below capacity, missing GPUs, and GPU spend billed for instances no source reports, each
+//! with its $ per month and a link to the evidence.
 
 use askama::Template;
 use axum::extract::{RawQuery, State};
@@ -29,6 +30,7 @@ pub struct Findings {
     pub alloc_idle: Table,
     pub low_mem: Table,
     pub missing: Table,
+    pub billed_unseen: Table,
     pub all: Vec<Finding>,
 }
 
@@ -284,12 +286,76 @@ pub async fn findings(
             });
         }
     }
+    let mut billed_unseen = Table::new(
+        "billed-unseen",
+        f,
+        vec![
+            col(
+                "Resource",
+                "The billing export's ResourceId: an instance no source reports.",
+            ),
+            col("Instance type", "As the export names it."),
+            col("Billed", "First and last charge period in the range (UTC)."),
+            ncol(
+                "Billed in range",
+                "EffectiveCost of its GPU lines in the range.",
+            ),
+            ncol(
+                "$/month",
+                "What it was billed per day in the range × 30.4 days.",
+            ),
+            col("Export", "The imported file (GET /api/v1/billing)."),
+        ],
+    );
+    // Billing exports carry no team or GPU attributes: shown only without filters.
+    if p.filters.is_empty() {
+        let unseen = store
+            .billed_unseen(window.from, window.to.min(now.timestamp()))
+            .await
+            .map_err(internal)?;
+        for u in unseen {
+            let days = ((u.last - u.first).num_seconds() as f64 / 86_400.0).max(1.0);
+            let month = u.effective_cost / days * (HOURS_PER_MONTH / 24.0);
+            billed_unseen.push(vec![
+                Cell::text(u.resource_id.clone()),
+                Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
+                Cell::text(format!(
+                    "{} – {}",
+                    u.first.format("%Y-%m-%d"),
+                    u.last.format("%Y-%m-%d")
+                )),
+                Cell::num(super::usd(u.effective_cost), u.effective_cost),
+                Cell::num(usd0(month), month),
+                Cell::text(u.file.clone()),
+            ]);
+            all.push(Finding {
+                kind: "billed, not seen",
+                what: format!(
+                    "{} ({})",
+                    u.resource_id,
+                    u.instance_type.as_deref().unwrap_or("GPU spend")
+                ),
+                href: "/api/v1/billing".into(),
+                team: gpuledger_model::UNOWNED.to_string(),
+                detail: format!(
+                    "billed {} from {} to {} in {}, but no source reports it: find it or stop \
+                     paying for it",
+                    super::usd(u.effective_cost),
+                    u.first.format("%Y-%m-%d"),
+                    u.last.format("%Y-%m-%d"),
+                    u.file
+                ),
+                usd_per_month: month,
+            });
+        }
+    }
     all.sort_by(|a, b| b.usd_per_month.total_cmp(&a.usd_per_month));
     Ok(Findings {
         idle,
         alloc_idle,
         low_mem,
         missing,
+        billed_unseen,
         all,
     })
 }
@@ -305,6 +371,7 @@ pub struct WastePage {
     pub alloc_idle: Table,
     pub low_mem: Table,
     pub missing: Table,
+    pub billed_unseen: Table,
 }
 
 /// `GET /api/v1/savings`: the Waste page's findings as JSON, largest $ per month first, each
@@ -385,8 +452,15 @@ pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         alloc_idle: found.alloc_idle,
         low_mem: found.low_mem,
         missing: found.missing,
+        billed_unseen: found.billed_unseen,
         frame: f,
     };
-    let tables = [&page.idle, &page.alloc_idle, &page.low_mem, &page.missing];
+    let tables = [
+        &page.idle,
+        &page.alloc_idle,
+        &page.low_mem,
+        &page.missing,
+        &page.billed_unseen,
+    ];
     respond(&page, &tables, &p)
 }
