@@ -13,6 +13,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
+use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
+
 use crate::{Filters, Result, Store, StoreError, Window};
 
 /// What importing one export did.
@@ -50,6 +52,11 @@ pub struct UnseenSpend {
     pub last: DateTime<Utc>,
     /// The export it was last billed in.
     pub file: String,
+}
+
+fn widen(touched: &mut BTreeMap<i64, (i64, i64)>, id: i64, lo: i64, hi: i64) {
+    let e = touched.entry(id).or_insert((lo, hi));
+    *e = (e.0.min(lo), e.1.max(hi));
 }
 
 /// `[start, end)` of the calendar month (UTC) of `t`, and its `YYYY-MM`.
@@ -163,23 +170,80 @@ impl Store {
         .bind(json)
         .fetch_one(&mut *tx)
         .await?;
+        // The GPU-hours whose billed share changes: what the file said before, and what it
+        // says now.
+        let mut touched: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        let before: Vec<(i64, i64, i64)> = sqlx::query_as(&self.sql(
+            "SELECT gpu_id, MIN(period_start), MAX(period_end) FROM billed_gpu_periods \
+             WHERE file_id = $1 GROUP BY gpu_id",
+        ))
+        .bind(file_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, lo, hi) in before {
+            widen(&mut touched, id, lo, hi);
+        }
         sqlx::query(&self.sql("DELETE FROM billed_gpu_periods WHERE file_id = $1"))
             .bind(file_id)
             .execute(&mut *tx)
             .await?;
         for b in &report.shares {
-            sqlx::query(&self.sql(
-                "INSERT INTO billed_gpu_periods (file_id, gpu_id, period_start, period_end, billed_usd) \
-                 SELECT $1, id, $3, $4, $5 FROM gpus WHERE uuid = $2 \
+            let hours = period_hours
+                .get(&(b.period_start, b.period_end))
+                .and_then(|m| m.get(&b.uuid))
+                .copied()
+                .unwrap_or(0);
+            let id: Option<i64> = sqlx::query_scalar(&self.sql(
+                "INSERT INTO billed_gpu_periods \
+                 (file_id, gpu_id, period_start, period_end, billed_usd, hours) \
+                 SELECT $1, id, $3, $4, $5, $6 FROM gpus WHERE uuid = $2 \
                  ON CONFLICT (file_id, gpu_id, period_start, period_end) DO UPDATE SET \
-                 billed_usd = billed_gpu_periods.billed_usd + excluded.billed_usd",
+                 billed_usd = billed_gpu_periods.billed_usd + excluded.billed_usd \
+                 RETURNING gpu_id",
             ))
             .bind(file_id)
             .bind(b.uuid.clone())
             .bind(b.period_start)
             .bind(b.period_end)
             .bind(b.billed_usd)
-            .execute(&mut *tx)
+            .bind(hours)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = id {
+                widen(&mut touched, id, b.period_start, b.period_end);
+            }
+        }
+        // Spread each GPU's billed periods over their present hours (as counted above), and
+        // roll the days up again.
+        let mut by_range: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        for (id, (lo, hi)) in touched {
+            by_range
+                .entry((hour_floor(lo), hour_floor(hi - 1) + HOUR_SECS))
+                .or_default()
+                .push(id);
+        }
+        for ((lo, hi), ids) in &by_range {
+            self.for_ids(
+                &mut tx,
+                ids,
+                *lo,
+                *hi,
+                Some(cap as f64),
+                "UPDATE gpu_hours SET billed_usd = (SELECT SUM(bp.billed_usd / bp.hours) \
+                 FROM billed_gpu_periods bp WHERE bp.gpu_id = gpu_hours.gpu_id \
+                 AND bp.period_start <= gpu_hours.hour AND bp.period_end > gpu_hours.hour \
+                 AND bp.hours > 0 AND gpu_hours.hour < $3) \
+                 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2",
+            )
+            .await?;
+            self.for_ids(
+                &mut tx,
+                ids,
+                day_floor(*lo),
+                day_floor(*hi - 1) + DAY_SECS,
+                Some(self.settings.idle_threshold_pct),
+                crate::ingest::REROLL_DAYS,
+            )
             .await?;
         }
         tx.commit().await?;

@@ -72,22 +72,23 @@ impl IngestOutcome {
 
 /// Recompute day rollups from hour rollups for the GPUs `IDS` in `[$1, $2)`; `$3` is the idle
 /// threshold.
-const REROLL_DAYS: &str =
+pub(crate) const REROLL_DAYS: &str =
     "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
-     idle_hours, allocated_hours, allocated_idle_hours, mem_max) \
+     idle_hours, allocated_hours, allocated_idle_hours, mem_max, billed_hours, billed_usd) \
      SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
      SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
      SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
      SUM(CASE WHEN act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
      SUM(allocated), \
      SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
-     MAX(mem_max) \
+     MAX(mem_max), COUNT(billed_usd), CAST(COALESCE(SUM(billed_usd), 0) AS DOUBLE PRECISION) \
      FROM gpu_hours WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
      GROUP BY gpu_id, (hour / 86400) * 86400 \
      ON CONFLICT (day, gpu_id) DO UPDATE SET present_hours = excluded.present_hours, \
      known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
      idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
-     allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max";
+     allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max, \
+     billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd";
 
 /// (GPU, hour) presence rows per INSERT statement.
 const PRESENCE_CHUNK: usize = 200;
@@ -1018,9 +1019,14 @@ impl Store {
             .execute(&mut **tx)
             .await?;
         for sql in [
-            "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
-             SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
+            "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, \
+             allocated, billed_usd) \
+             SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated, billed_usd \
              FROM gpu_hours WHERE gpu_id = $2 ON CONFLICT (gpu_id, hour) DO NOTHING",
+            "INSERT INTO billed_gpu_periods (file_id, gpu_id, period_start, period_end, billed_usd, hours) \
+             SELECT file_id, $1, period_start, period_end, billed_usd, hours \
+             FROM billed_gpu_periods WHERE gpu_id = $2 \
+             ON CONFLICT (file_id, gpu_id, period_start, period_end) DO NOTHING",
             "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
              source, owner, context) \
              SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner, context \
@@ -1039,6 +1045,7 @@ impl Store {
             "gpu_attrs",
             "samples",
             "gpu_owners",
+            "billed_gpu_periods",
         ] {
             sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE gpu_id = $1")))
                 .bind(ph_id)
@@ -1149,7 +1156,7 @@ impl Store {
 
     /// Run `sql` with `$1`, `$2` = `lo`, `hi`, `$3` = `extra` when given, and `IDS` replaced by
     /// the GPU ids (in chunks).
-    async fn for_ids(
+    pub(crate) async fn for_ids(
         &self,
         tx: &mut Transaction<'_, Any>,
         ids: &[i64],

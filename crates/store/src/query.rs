@@ -17,29 +17,6 @@ use sqlx::Row;
 
 use crate::{Result, Store, StoreError, OPEN_END};
 
-/// Per (GPU, owner period), the present hours in `[lo, hi)` that fall in charge periods of an
-/// imported billing export, and what was billed for them: each billed (GPU, period) amount
-/// spread evenly over that GPU's present hours in the period (before `cap`, the current hour's
-/// end); `lo`, `hi` and `cap` are SQL parameters. An hour in two overlapping periods counts once and takes both shares.
-fn billed_hours_sql(lo: &str, hi: &str, cap: &str) -> String {
-    format!(
-        "SELECT h.gpu_id, o.from_ts AS o_from, \
-    CAST(COUNT(DISTINCT h.hour) AS BIGINT) AS b_hours, \
-    CAST(SUM(br.rate) AS DOUBLE PRECISION) AS b_usd \
-    FROM (SELECT bp.gpu_id, bp.period_start, bp.period_end, bp.billed / COUNT(ph.hour) AS rate \
-      FROM (SELECT gpu_id, period_start, period_end, SUM(billed_usd) AS billed \
-        FROM billed_gpu_periods WHERE period_start < {hi} AND period_end > {lo} \
-        GROUP BY gpu_id, period_start, period_end) bp \
-      JOIN gpu_hours ph ON ph.gpu_id = bp.gpu_id AND ph.hour >= bp.period_start \
-      AND ph.hour < bp.period_end AND ph.hour < {cap} \
-      GROUP BY bp.gpu_id, bp.period_start, bp.period_end, bp.billed) br \
-    JOIN gpu_hours h ON h.gpu_id = br.gpu_id AND h.hour >= br.period_start \
-    AND h.hour < br.period_end AND h.hour >= {lo} AND h.hour < {hi} \
-    JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour AND o.to_ts > h.hour \
-    GROUP BY h.gpu_id, o.from_ts"
-    )
-}
-
 pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
     instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
     first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, account, \
@@ -375,25 +352,16 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<(i64, f64)> {
         let (lo, hi) = window.hours(now.timestamp());
-        let cap = Window {
-            from: 0,
-            to: now.timestamp(),
-        }
-        .hours(now.timestamp())
-        .1;
-        let sql = format!(
-            "SELECT CAST(COALESCE(SUM(b.b_hours), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(b.b_usd), 0) AS DOUBLE PRECISION) FROM ({}) b \
-             WHERE b.gpu_id = $1",
-            billed_hours_sql("$2", "$3", "$4")
-        );
-        let row: (i64, f64) = sqlx::query_as(&self.sql(&sql))
-            .bind(id)
-            .bind(lo)
-            .bind(hi)
-            .bind(cap)
-            .fetch_one(self.pool())
-            .await?;
+        let row: (i64, f64) = sqlx::query_as(&self.sql(
+            "SELECT CAST(COUNT(billed_usd) AS BIGINT), \
+             CAST(COALESCE(SUM(billed_usd), 0) AS DOUBLE PRECISION) FROM gpu_hours \
+             WHERE gpu_id = $1 AND hour >= $2 AND hour < $3",
+        ))
+        .bind(id)
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(self.pool())
+        .await?;
         Ok(row)
     }
 
@@ -506,7 +474,7 @@ impl Store {
         } else {
             (0, 0, (lo, hi), (0, 0))
         };
-        let (clause, binds) = filters.clause_with(11, "o");
+        let (clause, binds) = filters.clause_with(8, "o");
         // Rows are summed per GPU and owner period before the join, so the join sees one row
         // per (GPU, period). A day split by a change of owner is read from its hours; the
         // other days from the day rollups. Each edge is its own range scan of the hour index
@@ -517,7 +485,8 @@ impl Store {
                  CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
                  CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
                  CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
-                 CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max \
+                 CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
+                 CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
                  FROM {from} JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
                  AND o.to_ts > h.hour WHERE {range}"
             )
@@ -529,25 +498,26 @@ impl Store {
              AND h.hour < s.day + 86400",
             "s.day >= $1 AND s.day < $2",
         );
-        let billed = billed_hours_sql("$8", "$9", "$10");
         let sql = format!(
             "WITH split AS (\
                SELECT DISTINCT gpu_id, from_ts - (from_ts % 86400) AS day FROM gpu_owners \
                WHERE from_ts % 86400 <> 0) \
              SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
-             CAST(COALESCE(b.b_hours, 0) AS BIGINT) AS b_hours, \
-             CAST(COALESCE(b.b_usd, 0) AS DOUBLE PRECISION) AS b_usd \
+             x.b_hours, x.b_usd \
              FROM (\
                SELECT gpu_id, o_from, \
                CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
                CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(alloc) AS BIGINT) AS alloc, \
                CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
-               CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem \
+               CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem, \
+               CAST(SUM(b_hours) AS BIGINT) AS b_hours, \
+               CAST(SUM(b_usd) AS DOUBLE PRECISION) AS b_usd \
                FROM (\
                  SELECT d.gpu_id, o.from_ts AS o_from, d.present_hours AS present, \
                  d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
-                 d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem \
+                 d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
+                 d.billed_hours AS b_hours, d.billed_usd AS b_usd \
                  FROM gpu_days d JOIN gpu_owners o ON o.gpu_id = d.gpu_id \
                  AND o.from_ts <= d.day AND o.to_ts > d.day \
                  WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
@@ -556,7 +526,6 @@ impl Store {
                ) u GROUP BY gpu_id, o_from\
              ) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
-             LEFT JOIN ({billed}) b ON b.gpu_id = x.gpu_id AND b.o_from = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
         let sql = self.sql(&sql);
@@ -568,17 +537,7 @@ impl Store {
             .bind(e1.1)
             .bind(e2.0)
             .bind(e2.1)
-            .bind(self.settings.idle_threshold_pct)
-            .bind(lo)
-            .bind(hi)
-            .bind(
-                Window {
-                    from: 0,
-                    to: now.timestamp(),
-                }
-                .hours(now.timestamp())
-                .1,
-            );
+            .bind(self.settings.idle_threshold_pct);
         for b in binds {
             q = q.bind(b);
         }
@@ -782,13 +741,6 @@ impl Store {
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
-        let held_hours: Vec<(i64, i64)> = sqlx::query_as(&self.sql(&format!(
-            "{held} SELECT gpu_id, COUNT(*) FROM n GROUP BY gpu_id"
-        )))
-        .bind(lo)
-        .bind(hi)
-        .fetch_all(self.pool())
-        .await?;
         let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, COUNT(*) FROM gpu_hours WHERE hour >= $1 AND hour < $2 GROUP BY gpu_id",
         ))
@@ -797,6 +749,11 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        // The shares of a held hour add up to one, so a GPU's shares add up to its held hours.
+        let mut held: HashMap<i64, f64> = HashMap::new();
+        for (gpu_id, _, share) in &shares {
+            *held.entry(*gpu_id).or_default() += share;
+        }
         for (gpu_id, team, share) in shares {
             let Some(rate) = rates.get(&gpu_id) else {
                 continue;
@@ -809,12 +766,11 @@ impl Store {
             e.0 += share;
             e.1 += share * rate.unwrap_or(0.0);
         }
-        let held: HashMap<i64, i64> = held_hours.into_iter().collect();
         for (gpu_id, n) in present {
             let Some(rate) = rates.get(&gpu_id) else {
                 continue;
             };
-            let free = n - held.get(&gpu_id).copied().unwrap_or(0);
+            let free = n - held.get(&gpu_id).copied().unwrap_or(0.0).round() as i64;
             if free > 0 {
                 let e = out.entry(UNALLOCATED.to_string()).or_default();
                 e.0 += free as f64;

@@ -13,14 +13,24 @@ CREATE TABLE billing_files (
 );
 
 -- What was billed per GPU and charge period [period_start, period_end): each matched line's
--- EffectiveCost shared among its host's GPUs by their present hours in the period. Costs over
--- a window show the billed share of the window's hours in these periods beside the estimate.
+-- EffectiveCost shared among its host's GPUs by their present hours in the period (`hours`,
+-- as known at import).
 CREATE TABLE billed_gpu_periods (
     file_id BIGINT NOT NULL,
     gpu_id BIGINT NOT NULL,
     period_start BIGINT NOT NULL,
     period_end BIGINT NOT NULL,
     billed_usd DOUBLE PRECISION NOT NULL,
+    hours BIGINT NOT NULL,
     PRIMARY KEY (file_id, gpu_id, period_start, period_end)
 );
 CREATE INDEX billed_gpu_period ON billed_gpu_periods (gpu_id, period_start);
+
+-- Rolled up like activity: an hour's billed share (NULL when no export covers it: an
+-- estimate only), and per day the billed hours and their sum.
+ALTER TABLE gpu_hours ADD COLUMN billed_usd DOUBLE PRECISION;
+ALTER TABLE gpu_days ADD COLUMN billed_hours BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE gpu_days ADD COLUMN billed_usd DOUBLE PRECISION NOT NULL DEFAULT 0;
+-- Still covering for the fleet-wide scans by hour, now with the billed share.
+DROP INDEX gpu_hours_hour;
+CREATE INDEX gpu_hours_hour ON gpu_hours (hour, gpu_id, act_n, act_sum, allocated, mem_max, billed_usd);

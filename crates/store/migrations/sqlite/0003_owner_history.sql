@@ -19,6 +19,10 @@ CREATE TABLE gpu_owners (
     PRIMARY KEY (gpu_id, from_ts)
 ) WITHOUT ROWID;
 
+-- Filters by team or environment start from the owner periods that match.
+CREATE INDEX gpu_owners_team ON gpu_owners (team, gpu_id);
+CREATE INDEX gpu_owners_env ON gpu_owners (env, gpu_id);
+
 -- Every GPU stored so far owned by its current owner for all its history.
 INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason)
 SELECT id, 0, 253402300800, team, env, owner_reason FROM gpus;
