@@ -377,6 +377,14 @@ fn when_patterns(
                 &at,
                 format!("`{k}` is an attribute of a workload; a price can match only the GPU's"),
             ),
+            (Ok(Attr::Uuid | Attr::Source), _) if !workloads => c.problem(
+                v.span().or(w.span()),
+                &at,
+                format!(
+                    "a price cannot match `{k}`; use account, instance_type, cloud, region, \
+                     cluster, host, model or label.<key>"
+                ),
+            ),
             (Ok(a), Some(p)) => when.push((a, p.to_string())),
             (Err(e), _) => c.problem(v.span().or(w.span()), &at, e),
             (_, None) => c.problem(
@@ -929,13 +937,14 @@ max_body_bytes = 2048
             gpuledger_ledger::ContractPrice::Discount { pct: 37.0 }
         );
         let bad = parse(
-            "[[rates.contracts]]\nname = \"x\"\ndeal = \"cheap\"\nwhen = { namespace = \"a\" }\nusd_per_hour = 1\ndiscount_pct = 5\n[[rates.contracts]]\ndeal = \"spot\"\nusd_per_gpu_hour = 1\ngpus = 2\n",
+            "[[rates.contracts]]\nname = \"x\"\ndeal = \"cheap\"\nwhen = { namespace = \"a\", uuid = \"GPU-1\" }\nusd_per_hour = 1\ndiscount_pct = 5\n[[rates.contracts]]\ndeal = \"spot\"\nusd_per_gpu_hour = 1\ngpus = 2\n",
         )
         .unwrap_err();
         let text: Vec<String> = bad.iter().map(|p| p.to_string()).collect();
         for want in [
             "rates.contracts[0].deal: `cheap` is none of spot, reserved",
             "rates.contracts[0].when.namespace: `namespace` is an attribute of a workload",
+            "rates.contracts[0].when.uuid: a price cannot match `uuid`",
             "rates.contracts[0]: needs exactly one price",
             "rates.contracts[1]: needs `name`",
             "rates.contracts[1]: needs `when`",

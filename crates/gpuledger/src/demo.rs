@@ -859,7 +859,7 @@ pub async fn load(state: &AppState, seed: u64, days: i64) -> anyhow::Result<Demo
     let export = focus_export(&hosts, from, now.timestamp());
     let done = state
         .store
-        .import_billing("demo/focus-aws.csv", &export, now)
+        .import_billing("demo/focus-aws.csv", &export, now, false)
         .await?;
     tracing::info!(
         matched = done.report.matched_lines,

@@ -102,12 +102,16 @@ enum TokenCommand {
 
 #[derive(Subcommand)]
 enum ImportCommand {
-    /// Reconcile a FinOps FOCUS billing export (CSV) with the stored GPUs: per GPU, team and
-    /// month the estimated cost, the billed EffectiveCost and the difference, and the
-    /// GPU-looking lines no known host matched. Prints the report as JSON; stores nothing.
+    /// Reconcile a FinOps FOCUS billing export (CSV, plain or gzip) with the stored GPUs and
+    /// keep it: per GPU, team and month the estimated cost, the billed EffectiveCost and the
+    /// difference, and the GPU-looking lines no known host matched. Prints the report as JSON.
     Billing {
         /// The FOCUS CSV file.
         file: PathBuf,
+        /// Reconcile again even if this file was imported with the same content (after new
+        /// GPUs or instance IDs became known).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         db: DbArgs,
     },
@@ -233,7 +237,7 @@ async fn token_create(
 ) -> anyhow::Result<()> {
     let cfg = load_config(db.config.as_ref())?;
     let url = database_url(db.database_url, &cfg);
-    let store = Store::open(&url, cfg.settings)
+    let store = Store::open_for_tool(&url, cfg.settings)
         .await
         .with_context(|| format!("opening database {url}"))?;
     let role = if viewer { Role::Viewer } else { Role::Ingest };
@@ -474,6 +478,12 @@ fn parse_from(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
 }
 
 async fn reattribute(from: chrono::DateTime<chrono::Utc>, db: DbArgs) -> anyhow::Result<()> {
+    if db.config.is_none() {
+        anyhow::bail!(
+            "reattribute applies the rules of a config file: give the server's with --config \
+             FILE (or GPULEDGER_CONFIG)"
+        );
+    }
     let cfg = load_config(db.config.as_ref())?;
     let url = database_url(db.database_url, &cfg);
     let store = Store::open(&url, cfg.settings)
@@ -488,14 +498,14 @@ async fn reattribute(from: chrono::DateTime<chrono::Utc>, db: DbArgs) -> anyhow:
     Ok(())
 }
 
-async fn import_billing(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
+async fn import_billing(file: PathBuf, force: bool, db: DbArgs) -> anyhow::Result<()> {
     let cfg = load_config(db.config.as_ref())?;
     let url = database_url(db.database_url, &cfg);
-    let store = Store::open(&url, cfg.settings)
+    let store = Store::open_for_tool(&url, cfg.settings)
         .await
         .with_context(|| format!("opening database {url}"))?;
     let name = file.display().to_string();
-    let done = pull::import_export(&store, &name, chrono::Utc::now())
+    let done = pull::import_export(&store, &name, chrono::Utc::now(), force)
         .await
         .with_context(|| format!("importing {name}"));
     store.close().await;
@@ -600,8 +610,8 @@ fn main() -> std::process::ExitCode {
             Command::CheckConfig { file } => check_config(file),
             Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {
-                command: ImportCommand::Billing { file, db },
-            } => import_billing(file, db).await,
+                command: ImportCommand::Billing { file, force, db },
+            } => import_billing(file, force, db).await,
         }
     });
     match result {

@@ -38,14 +38,31 @@ pub async fn store_observations(
                 host,
                 provenance,
             } => aliases.push((alias, host, provenance.observed_at)),
-            Observation::BillingExport { path, .. } => exports.push(path),
+            Observation::BillingExport {
+                path,
+                size_bytes,
+                modified,
+                ..
+            } => exports.push((path, size_bytes, modified)),
         }
     }
     // Billing exports: each reconciled and kept; one that cannot be read fails the run (the
     // source shows the reason) after the others are stored.
     let mut failed = Vec::new();
-    for path in &exports {
-        match import_export(store, path, now).await {
+    for (path, size, modified) in &exports {
+        // Imported before and unchanged since: nothing to read. A file that failed to import
+        // has no stamp, so the next run tries it again.
+        let stamp = (*size as i64, modified.timestamp());
+        let name = canonical(path).await;
+        match store.billing_stamp(&name).await {
+            Ok(Some(s)) if s == stamp => continue,
+            Ok(_) => {}
+            Err(e) => {
+                failed.push(format!("{path}: {e}"));
+                continue;
+            }
+        }
+        match import_export(store, path, now, false).await {
             Ok(done) => tracing::info!(
                 source = %principal.source,
                 file = %path,
@@ -83,15 +100,35 @@ pub async fn store_observations(
     Ok(outcome)
 }
 
-/// Read a billing export file (plain or gzip) and reconcile it into the store.
+/// Read a billing export file (plain or gzip) and reconcile it into the store, under its
+/// canonical path (so one file reached by two paths is one export).
 pub async fn import_export(
     store: &Store,
     path: &str,
     now: chrono::DateTime<chrono::Utc>,
+    force: bool,
 ) -> anyhow::Result<gpuledger_store::BillingImport> {
-    let bytes = tokio::fs::read(path).await?;
-    let text = gpuledger_ledger::billing::read_export(path, &bytes)?;
-    Ok(store.import_billing(path, &text, now).await?)
+    let name = canonical(path).await;
+    let meta = tokio::fs::metadata(&name).await?;
+    let stamp = meta.modified().ok().map(|m| {
+        (
+            meta.len() as i64,
+            chrono::DateTime::<chrono::Utc>::from(m).timestamp(),
+        )
+    });
+    let bytes = tokio::fs::read(&name).await?;
+    let text = gpuledger_ledger::billing::read_export(&name, &bytes)?;
+    Ok(store
+        .import_billing_file(&name, &text, stamp, now, force)
+        .await?)
+}
+
+/// A file's canonical path, or the path as given when it has none.
+async fn canonical(path: &str) -> String {
+    tokio::fs::canonicalize(path)
+        .await
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.to_string())
 }
 
 /// Build every configured collector, failing fast on a bad entry.
@@ -295,6 +332,83 @@ mod tests {
             .unwrap();
         assert_eq!(gpus.len(), 3);
         assert_eq!(gpus.iter().filter(|g| g.placeholder).count(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod billing_exports {
+    use super::*;
+    use gpuledger_model::Provenance;
+
+    /// An export that cannot be imported fails the run (the source shows why) and is tried
+    /// again on the next run; once imported, the same file with the same size and time is not
+    /// read again.
+    #[tokio::test]
+    async fn a_failed_export_is_retried_and_an_imported_one_skipped() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-pull-bill-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(
+            &format!("sqlite://{}/p.db", dir.display()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let who = Principal {
+            source: "focus".into(),
+            teams: None,
+            kind: "billing".into(),
+        };
+        let file = dir.join("nov.csv");
+        let observe = |file: &std::path::Path| {
+            let meta = std::fs::metadata(file).unwrap();
+            vec![Observation::BillingExport {
+                path: file.display().to_string(),
+                size_bytes: meta.len(),
+                modified: meta.modified().unwrap().into(),
+                provenance: Provenance {
+                    source: "focus".into(),
+                    observed_at: chrono::Utc::now(),
+                    raw_key: None,
+                },
+            }]
+        };
+        std::fs::write(&file, "not,a,focus,file\n1,2,3,4\n").unwrap();
+        let err = store_observations(&store, &who, observe(&file), chrono::Utc::now())
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("1 billing export(s) could not be imported")
+                && err.to_string().contains("ChargePeriodStart"),
+            "{err}"
+        );
+        assert!(store.billing_files().await.unwrap().is_empty());
+        // Fixed: the next run imports it.
+        std::fs::write(
+            &file,
+            "ChargePeriodStart,BilledCost,EffectiveCost,ResourceId,ChargeDescription\n\
+             2026-11-02T00:00:00Z,9,9,i-0zzz,g5.xlarge Instance Hour\n",
+        )
+        .unwrap();
+        store_observations(&store, &who, observe(&file), chrono::Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(store.billing_files().await.unwrap().len(), 1);
+        // The same size and time: not read again (garbage of the same length with the old
+        // time goes unnoticed, as an unchanged file would).
+        let meta = std::fs::metadata(&file).unwrap();
+        std::fs::write(&file, "x".repeat(meta.len() as usize)).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(meta.modified().unwrap())
+            .unwrap();
+        store_observations(&store, &who, observe(&file), chrono::Utc::now())
+            .await
+            .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

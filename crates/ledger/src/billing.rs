@@ -328,10 +328,14 @@ pub struct Unmatched {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BilledShare {
     pub uuid: String,
-    /// The charge period, unix seconds, `[start, end)`.
+    /// The hours the share covers, unix seconds, `[start, end)`: the line's charge period, or
+    /// its month when the GPU had no hour in the period.
     pub period_start: i64,
     pub period_end: i64,
     pub billed_usd: f64,
+    /// The GPU's present hours in `[period_start, period_end)` the share is spread over (0:
+    /// it covers none).
+    pub hours: i64,
 }
 
 /// The reconciliation of one export.
@@ -344,7 +348,7 @@ pub struct Reconciliation {
     pub teams: Vec<TeamMonth>,
     pub unmatched: Vec<Unmatched>,
     pub problems: Vec<String>,
-    /// Per GPU and charge period (not in the printed report: the per-month rows say it).
+    /// Per GPU and the hours it covers (not in the printed report: the per-month rows say it).
     #[serde(skip)]
     pub shares: Vec<BilledShare>,
 }
@@ -357,11 +361,29 @@ fn cents(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
+/// `[start, end)` (unix seconds) of the calendar month (UTC) of `t`.
+pub fn month_range(t: DateTime<Utc>) -> (i64, i64) {
+    let start = Utc
+        .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+        .single()
+        .unwrap_or(t);
+    let (y, m) = if t.month() == 12 {
+        (t.year() + 1, 1)
+    } else {
+        (t.year(), t.month() + 1)
+    };
+    let end = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single().unwrap_or(t);
+    (start.timestamp(), end.timestamp())
+}
+
 /// Match `lines` to the GPUs of each month (`windows[month]`, from the store) by host, or by
-/// an alias of a host (`aliases`: instance ID → host, lower case), share each line's cost among
-/// its host's GPUs by their present hours in the line's charge period (`period_hours`; by
-/// their hours in the month when the period has none, evenly when the month has none either),
-/// and compare per GPU, team and month.
+/// an alias of a host (`aliases`: instance ID → host, lower case), and share each matched
+/// line's cost among its host's GPUs by their present hours in the line's charge period
+/// (`period_hours`); when none of them has an hour in the period, by their present hours in
+/// the month (the share then covers the month); when none has one there either, evenly (the
+/// share then covers no hour: it is in the report, in no cost). GPU-looking lines no host
+/// matches are listed. The per GPU, team and month figures come from [`months`] once the
+/// shares are spread over the hours.
 pub fn reconcile(
     lines: &[BillingLine],
     windows: &BTreeMap<String, Vec<GpuWindow>>,
@@ -374,8 +396,6 @@ pub fn reconcile(
         problems,
         ..Default::default()
     };
-    // (month, uuid) → (GPU, billed)
-    let mut billed: BTreeMap<(String, String), (&GpuWindow, f64)> = BTreeMap::new();
     for l in lines {
         if !l.gpu {
             continue; // A GPU host's other spend (transfer, storage) is no GPU cost.
@@ -417,59 +437,103 @@ pub fn reconcile(
         );
         let in_period = period_hours.get(&period);
         let hours_in = |g: &GpuWindow| in_period.and_then(|m| m.get(&g.uuid)).copied().unwrap_or(0);
-        let weights: Vec<f64> = if gpus.iter().any(|g| hours_in(g) > 0) {
-            gpus.iter().map(|g| hours_in(g) as f64).collect()
+        // (weight, hours the share covers, the period they lie in)
+        let split: Vec<(f64, i64, (i64, i64))> = if gpus.iter().any(|g| hours_in(g) > 0) {
+            gpus.iter()
+                .map(|g| (hours_in(g) as f64, hours_in(g), period))
+                .collect()
         } else if gpus.iter().any(|g| g.present_hours > 0) {
-            gpus.iter().map(|g| g.present_hours as f64).collect()
+            let month = month_range(l.charge_period_start);
+            gpus.iter()
+                .map(|g| (g.present_hours as f64, g.present_hours, month))
+                .collect()
         } else {
-            vec![1.0; gpus.len()]
+            gpus.iter().map(|_| (1.0, 0, period)).collect()
         };
-        let sum: f64 = weights.iter().sum();
-        for (g, w) in gpus.iter().zip(weights) {
-            let share = l.effective_cost * w / sum;
+        let sum: f64 = split.iter().map(|s| s.0).sum();
+        for (g, (w, hours, (start, end))) in gpus.iter().zip(split) {
+            if w <= 0.0 {
+                continue; // Not there in the period: no share.
+            }
             r.shares.push(BilledShare {
                 uuid: g.uuid.clone(),
-                period_start: period.0,
-                period_end: period.1,
-                billed_usd: share,
+                period_start: start,
+                period_end: end,
+                billed_usd: l.effective_cost * w / sum,
+                hours,
             });
-            billed
-                .entry((l.month.clone(), g.uuid.clone()))
-                .or_insert((g, 0.0))
-                .1 += share;
         }
     }
+    r
+}
+
+/// One GPU's billed hours under one owner in one charge period, as the store reads them back
+/// once the shares are spread over the hours.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BilledRow {
+    /// `YYYY-MM` of the charge period.
+    pub month: String,
+    pub uuid: String,
+    pub host: String,
+    /// The owner at those hours.
+    pub team: String,
+    /// Hours the share covers (0 for a share that covers none).
+    pub gpu_hours: i64,
+    pub usd_per_hour: Option<f64>,
+    pub billed_usd: f64,
+}
+
+/// Per GPU, team and month: what was billed and the estimate of the same hours (rate × the
+/// hours the bill covers, not the whole month's), and the difference.
+pub fn months(rows: &[BilledRow]) -> (Vec<GpuMonth>, Vec<TeamMonth>) {
+    let mut gpus: BTreeMap<(String, String, String), GpuMonth> = BTreeMap::new();
     let mut teams: BTreeMap<(String, String), TeamMonth> = BTreeMap::new();
-    for ((month, _), (g, share)) in &billed {
-        let share = *share;
-        let estimated = g.usd_per_hour.map(|r| r * g.present_hours as f64);
+    for row in rows {
+        let estimated = row.usd_per_hour.map(|r| r * row.gpu_hours as f64);
+        let g = gpus
+            .entry((row.month.clone(), row.uuid.clone(), row.team.clone()))
+            .or_insert_with(|| GpuMonth {
+                month: row.month.clone(),
+                uuid: row.uuid.clone(),
+                host: row.host.clone(),
+                team: row.team.clone(),
+                gpu_hours: 0,
+                estimated_usd: Some(0.0),
+                billed_usd: 0.0,
+                difference_usd: None,
+            });
+        g.gpu_hours += row.gpu_hours;
+        g.billed_usd += row.billed_usd;
+        g.estimated_usd = match (g.estimated_usd, estimated) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
         let t = teams
-            .entry((month.clone(), g.team.clone()))
+            .entry((row.month.clone(), row.team.clone()))
             .or_insert_with(|| TeamMonth {
-                month: month.clone(),
-                team: g.team.clone(),
+                month: row.month.clone(),
+                team: row.team.clone(),
                 estimated_usd: 0.0,
                 billed_usd: 0.0,
                 difference_usd: 0.0,
                 unpriced_gpu_hours: 0,
             });
-        t.billed_usd += share;
+        t.billed_usd += row.billed_usd;
         match estimated {
             Some(e) => t.estimated_usd += e,
-            None => t.unpriced_gpu_hours += g.present_hours,
+            None => t.unpriced_gpu_hours += row.gpu_hours,
         }
-        r.gpus.push(GpuMonth {
-            month: month.clone(),
-            uuid: g.uuid.clone(),
-            host: g.host.clone().unwrap_or_default(),
-            team: g.team.clone(),
-            gpu_hours: g.present_hours,
-            estimated_usd: estimated.map(cents),
-            billed_usd: cents(share),
-            difference_usd: estimated.map(|e| cents(share - e)),
-        });
     }
-    r.teams = teams
+    let gpus = gpus
+        .into_values()
+        .map(|mut g| {
+            g.difference_usd = g.estimated_usd.map(|e| cents(g.billed_usd - e));
+            g.estimated_usd = g.estimated_usd.map(cents);
+            g.billed_usd = cents(g.billed_usd);
+            g
+        })
+        .collect();
+    let teams = teams
         .into_values()
         .map(|mut t| {
             t.difference_usd = cents(t.billed_usd - t.estimated_usd);
@@ -478,7 +542,7 @@ pub fn reconcile(
             t
         })
         .collect();
-    r
+    (gpus, teams)
 }
 
 #[cfg(test)]
@@ -578,15 +642,74 @@ mod tests {
             HashMap::from([("GPU-1".to_string(), 24), ("GPU-2".to_string(), 0)]),
         )]);
         let r = reconcile(&lines, &windows, &periods, &HashMap::new(), vec![]);
-        let billed: Vec<(&str, f64)> = r
-            .gpus
+        let shares: Vec<(&str, f64, i64, i64)> = r
+            .shares
             .iter()
-            .map(|g| (g.uuid.as_str(), g.billed_usd))
+            .map(|s| (s.uuid.as_str(), s.billed_usd, s.hours, s.period_start))
             .collect();
-        // Day 2: all $40 to GPU-1. Day 3 (no hours known for it): by month hours, $5 each.
-        assert_eq!(billed, [("GPU-1", 45.0), ("GPU-2", 5.0)]);
-        assert_eq!(r.shares.len(), 4);
-        assert_eq!(r.shares[1].billed_usd, 0.0);
+        // Day 2: all $40 to GPU-1, over its 24 hours. Day 3 (no hours known for it): by the
+        // month's hours, $5 each, spread over the month.
+        assert_eq!(
+            shares,
+            [
+                ("GPU-1", 40.0, 24, day("2026-11-02T00:00:00Z")),
+                ("GPU-1", 5.0, 100, day("2026-11-01T00:00:00Z")),
+                ("GPU-2", 5.0, 100, day("2026-11-01T00:00:00Z")),
+            ]
+        );
+        assert_eq!(r.shares[1].period_end, day("2026-12-01T00:00:00Z"));
+    }
+
+    /// Per GPU, team and month: billed against the estimate of the hours the bill covers; a
+    /// GPU that changed owner has a row per owner; a GPU without a rate is unpriced.
+    #[test]
+    fn months_compare_billed_with_the_estimate_of_the_same_hours() {
+        let row = |uuid: &str, team: &str, hours: i64, rate: Option<f64>, billed: f64| BilledRow {
+            month: "2026-11".into(),
+            uuid: uuid.into(),
+            host: "h".into(),
+            team: team.into(),
+            gpu_hours: hours,
+            usd_per_hour: rate,
+            billed_usd: billed,
+        };
+        let (gpus, teams) = months(&[
+            row("GPU-1", "nlp", 10, Some(4.0), 30.0),
+            row("GPU-1", "nlp", 14, Some(4.0), 42.0),
+            row("GPU-1", "vision", 24, Some(4.0), 72.0),
+            row("GPU-2", "vision", 24, None, 10.0),
+        ]);
+        let g: Vec<_> = gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.uuid.as_str(),
+                    g.team.as_str(),
+                    g.gpu_hours,
+                    g.estimated_usd,
+                    g.billed_usd,
+                    g.difference_usd,
+                )
+            })
+            .collect();
+        assert_eq!(
+            g,
+            [
+                ("GPU-1", "nlp", 24, Some(96.0), 72.0, Some(-24.0)),
+                ("GPU-1", "vision", 24, Some(96.0), 72.0, Some(-24.0)),
+                ("GPU-2", "vision", 24, None, 10.0, None),
+            ]
+        );
+        let v = teams.iter().find(|t| t.team == "vision").unwrap();
+        assert_eq!(
+            (
+                v.estimated_usd,
+                v.billed_usd,
+                v.difference_usd,
+                v.unpriced_gpu_hours
+            ),
+            (96.0, 82.0, -14.0, 24)
+        );
     }
 
     #[test]
@@ -610,17 +733,16 @@ mod tests {
         let aliases = HashMap::from([("i-0aaa".to_string(), "gpu-node-1".to_string())]);
         let r = reconcile(&lines, &windows, &PeriodHours::new(), &aliases, problems);
         assert_eq!((r.lines, r.gpu_lines, r.matched_lines), (4, 3, 2));
-        // 135 billed on the host: 3/4 to GPU-1 (30 of 40 h), 1/4 to GPU-2.
-        let g1 = r.gpus.iter().find(|g| g.uuid == "GPU-1").unwrap();
-        assert_eq!(
-            (g1.billed_usd, g1.estimated_usd, g1.difference_usd),
-            (101.25, Some(120.0), Some(-18.75))
-        );
-        let nlp = r.teams.iter().find(|t| t.team == "nlp").unwrap();
-        assert_eq!(
-            (nlp.estimated_usd, nlp.billed_usd, nlp.difference_usd),
-            (120.0, 101.25, -18.75)
-        );
+        // 135 billed on the host (no hours known per day: by month hours): 3/4 to GPU-1 (30
+        // of 40 h), 1/4 to GPU-2.
+        let billed = |uuid: &str| -> f64 {
+            r.shares
+                .iter()
+                .filter(|s| s.uuid == uuid)
+                .map(|s| s.billed_usd)
+                .sum()
+        };
+        assert_eq!((billed("GPU-1"), billed("GPU-2")), (101.25, 33.75));
         assert_eq!(r.unmatched.len(), 1);
         assert_eq!(r.unmatched[0].resource_id.as_deref(), Some("i-0zzz"));
         assert_eq!(r.unmatched[0].instance_type.as_deref(), Some("g5.xlarge"));

@@ -171,6 +171,35 @@ pub struct Holder {
     pub context: WorkloadContext,
 }
 
+/// The workloads holding a GPU at `t` (unix seconds), from `allocations` (every allocation
+/// of the GPU and its MIG instances, as holders): those running then, oldest first, one per
+/// workload (the same pod on two MIG instances or from two sources holds once); when none
+/// is, the last one to have started by `t`, so a GPU stays with its last holder between jobs.
+/// `t = i64::MAX` gives the holders now.
+pub fn holders_at(allocations: &[Holder], t: i64) -> Vec<Holder> {
+    let mut sorted: Vec<&Holder> = allocations
+        .iter()
+        .filter(|h| h.start.timestamp() <= t)
+        .collect();
+    sorted.sort_by(|a, b| (a.start, &a.workload).cmp(&(b.start, &b.workload)));
+    let mut out: Vec<Holder> = Vec::new();
+    for h in &sorted {
+        let running = h.end.is_none_or(|e| e.timestamp() > t);
+        if running && !out.iter().any(|o| o.workload == h.workload) {
+            out.push((*h).clone());
+        }
+    }
+    if out.is_empty() {
+        if let Some(last) = sorted
+            .iter()
+            .max_by(|a, b| (a.start, a.end, &a.workload).cmp(&(b.start, b.end, &b.workload)))
+        {
+            out.push((*last).clone());
+        }
+    }
+    out
+}
+
 impl Holder {
     fn get(&self, a: &Attr) -> Option<&str> {
         let c = &self.context;
@@ -838,6 +867,36 @@ mod tests {
             "{}",
             o.reason
         );
+    }
+
+    #[test]
+    fn holders_are_the_running_workloads_else_the_last_one() {
+        let t = |s: &str| s.parse::<DateTime<Utc>>().unwrap().timestamp();
+        let a = Holder {
+            end: Some("2026-12-02T12:00:00Z".parse().unwrap()),
+            ..holder("ns/a", "2026-12-02T08:00:00Z", WorkloadContext::default())
+        };
+        let b = holder("ns/b", "2026-12-02T09:00:00Z", WorkloadContext::default());
+        let a_again = Holder {
+            source: "other".into(),
+            ..a.clone()
+        };
+        let all = [b.clone(), a.clone(), a_again];
+        let names = |v: Vec<Holder>| v.into_iter().map(|h| h.workload).collect::<Vec<_>>();
+        assert_eq!(
+            names(holders_at(&all, t("2026-12-02T07:00:00Z"))),
+            Vec::<String>::new()
+        );
+        assert_eq!(names(holders_at(&all, t("2026-12-02T08:30:00Z"))), ["ns/a"]);
+        assert_eq!(
+            names(holders_at(&all, t("2026-12-02T10:00:00Z"))),
+            ["ns/a", "ns/b"],
+            "oldest first, once each"
+        );
+        assert_eq!(names(holders_at(&all, t("2026-12-02T12:00:00Z"))), ["ns/b"]);
+        assert_eq!(names(holders_at(&all, i64::MAX)), ["ns/b"]);
+        // Nobody running: the last to start stays.
+        assert_eq!(names(holders_at(&[a], i64::MAX)), ["ns/a"]);
     }
 
     #[test]

@@ -66,9 +66,10 @@ pub struct GpuWindow {
     pub known_hours: i64,
     /// Σ hourly activity over the known hours.
     pub activity_sum: f64,
-    /// Present hours in months reconciled with a billing export.
+    /// Present hours inside charge periods of an imported billing export.
     pub billed_hours: i64,
-    /// What was billed for those hours (each billed GPU-month spread over its present hours).
+    /// What was billed for those hours (each GPU's share of a period spread over its present
+    /// hours in the period).
     pub billed_usd: f64,
 }
 

@@ -308,12 +308,12 @@ pub struct SummaryGroup {
     /// reconciled with a billing export.
     #[serde(default)]
     pub cost_basis: CostBasis,
-    /// GPU-hours in months reconciled with a billing export.
+    /// GPU-hours inside charge periods of an imported billing export.
     #[serde(default)]
     pub billed_gpu_hours: i64,
-    /// What the export billed for those GPU-hours (its `EffectiveCost`, shared per GPU and
-    /// month, spread over the month's present hours). List and billed prices are never mixed:
-    /// `cost_usd` stays the estimate.
+    /// What the exports billed for those GPU-hours (`EffectiveCost`, shared per GPU and charge
+    /// period, spread over the period's present hours). List and billed prices are never
+    /// mixed: `cost_usd` stays the estimate.
     #[serde(default)]
     pub billed_usd: f64,
     /// The estimate for the same GPU-hours, to compare with `billed_usd`.
@@ -328,9 +328,9 @@ pub enum CostBasis {
     /// Rate × present hours only.
     #[default]
     Estimate,
-    /// Some GPU-hours fall in months reconciled with billing.
+    /// Some GPU-hours fall in charge periods of an imported billing export.
     PartlyReconciled,
-    /// Every GPU-hour falls in a month reconciled with billing.
+    /// Every GPU-hour does.
     Reconciled,
 }
 

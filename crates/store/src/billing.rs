@@ -7,8 +7,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
-use gpuledger_ledger::billing::{parse_focus, reconcile, PeriodHours, Reconciliation};
+use chrono::{DateTime, TimeZone, Utc};
+use gpuledger_ledger::billing::{
+    month_range, months, parse_focus, reconcile, BilledRow, PeriodHours, Reconciliation,
+};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
@@ -54,35 +56,40 @@ pub struct UnseenSpend {
     pub file: String,
 }
 
+/// A row of billed hours as read back: uuid, host, team, rate, period start, hours, billed.
+type BilledRowSql = (String, Option<String>, String, Option<f64>, i64, i64, f64);
+
 fn widen(touched: &mut BTreeMap<i64, (i64, i64)>, id: i64, lo: i64, hi: i64) {
     let e = touched.entry(id).or_insert((lo, hi));
     *e = (e.0.min(lo), e.1.max(hi));
 }
 
-/// `[start, end)` of the calendar month (UTC) of `t`, and its `YYYY-MM`.
-pub fn month_of(t: DateTime<Utc>) -> Option<(i64, i64)> {
-    let start = Utc
-        .with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
-        .single()?;
-    let (y, m) = if t.month() == 12 {
-        (t.year() + 1, 1)
-    } else {
-        (t.year(), t.month() + 1)
-    };
-    let end = Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()?;
-    Some((start.timestamp(), end.timestamp()))
-}
-
 impl Store {
     /// Read a FOCUS export, reconcile its GPU spend with the estimates per GPU, team and month,
-    /// and keep what was billed per GPU and month under the file's `name`. A file that is not
-    /// a FOCUS export is refused whole; a line that cannot be read is named in the report's
-    /// problems and the rest is kept.
+    /// and keep what was billed per GPU and charge period under the file's `name`: a newer
+    /// import of the same GPU and period, from any file, replaces an older one. The same
+    /// content under the same name changes nothing unless `force` (reconcile again, e.g. after
+    /// new GPUs or aliases are known). A file that is not a FOCUS export is refused whole; a
+    /// line that cannot be read is named in the report's problems and the rest is kept.
     pub async fn import_billing(
         &self,
         name: &str,
         text: &str,
         now: DateTime<Utc>,
+        force: bool,
+    ) -> Result<BillingImport> {
+        self.import_billing_file(name, text, None, now, force).await
+    }
+
+    /// [`Store::import_billing`] of a file, remembering its size and modification time
+    /// (`stamp`, see [`Store::billing_stamp`]).
+    pub async fn import_billing_file(
+        &self,
+        name: &str,
+        text: &str,
+        stamp: Option<(i64, i64)>,
+        now: DateTime<Utc>,
+        force: bool,
     ) -> Result<BillingImport> {
         let sha256 = hex::encode(Sha256::digest(text.as_bytes()));
         let stored: Option<(String, String, i64)> = sqlx::query_as(
@@ -91,8 +98,16 @@ impl Store {
         .bind(name.to_string())
         .fetch_optional(self.pool())
         .await?;
-        if let Some((sha, report, at)) = &stored {
+        if let Some((sha, report, at)) = stored.as_ref().filter(|_| !force) {
             if *sha == sha256 {
+                sqlx::query(&self.sql(
+                    "UPDATE billing_files SET size_bytes = $2, modified = $3 WHERE name = $1",
+                ))
+                .bind(name.to_string())
+                .bind(stamp.map(|s| s.0))
+                .bind(stamp.map(|s| s.1))
+                .execute(self.pool())
+                .await?;
                 return Ok(BillingImport {
                     name: name.to_string(),
                     sha256,
@@ -110,9 +125,7 @@ impl Store {
             if windows.contains_key(&l.month) {
                 continue;
             }
-            let Some((from, to)) = month_of(l.charge_period_start) else {
-                continue;
-            };
+            let (from, to) = month_range(l.charge_period_start);
             windows.insert(
                 l.month.clone(),
                 self.gpu_totals(Window { from, to }, &filters, now).await?,
@@ -154,20 +167,24 @@ impl Store {
             .into_iter()
             .filter_map(|g| Some((g.labels.get("instance_id")?.to_ascii_lowercase(), g.host?)))
             .collect();
-        let report = reconcile(&lines, &windows, &period_hours, &aliases, problems);
+        let mut report = reconcile(&lines, &windows, &period_hours, &aliases, problems);
 
         let _writer = self.write_lock.lock().await;
         let mut tx = self.pool().begin().await?;
         let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
         let file_id: i64 = sqlx::query_scalar(&self.sql(
-            "INSERT INTO billing_files (name, sha256, imported_at, report) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO billing_files (name, sha256, imported_at, report, size_bytes, modified) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, \
-             imported_at = excluded.imported_at, report = excluded.report RETURNING id",
+             imported_at = excluded.imported_at, report = excluded.report, \
+             size_bytes = excluded.size_bytes, modified = excluded.modified RETURNING id",
         ))
         .bind(name.to_string())
         .bind(sha256.clone())
         .bind(now.timestamp())
         .bind(json)
+        .bind(stamp.map(|s| s.0))
+        .bind(stamp.map(|s| s.1))
         .fetch_one(&mut *tx)
         .await?;
         // The GPU-hours whose billed share changes: what the file said before, and what it
@@ -188,11 +205,6 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         for b in &report.shares {
-            let hours = period_hours
-                .get(&(b.period_start, b.period_end))
-                .and_then(|m| m.get(&b.uuid))
-                .copied()
-                .unwrap_or(0);
             let id: Option<i64> = sqlx::query_scalar(&self.sql(
                 "INSERT INTO billed_gpu_periods \
                  (file_id, gpu_id, period_start, period_end, billed_usd, hours) \
@@ -206,13 +218,33 @@ impl Store {
             .bind(b.period_start)
             .bind(b.period_end)
             .bind(b.billed_usd)
-            .bind(hours)
+            .bind(b.hours)
             .fetch_optional(&mut *tx)
             .await?;
             if let Some(id) = id {
                 widen(&mut touched, id, b.period_start, b.period_end);
             }
         }
+        // A newer bill of a GPU's hours replaces what older files said of them: exports
+        // delivered again under new names, or one file imported under two paths, never add up.
+        let overlap = "FROM billed_gpu_periods WHERE file_id <> $1 AND EXISTS (\
+             SELECT 1 FROM billed_gpu_periods n WHERE n.file_id = $1 \
+             AND n.gpu_id = billed_gpu_periods.gpu_id \
+             AND n.period_start < billed_gpu_periods.period_end \
+             AND n.period_end > billed_gpu_periods.period_start)";
+        let replaced: Vec<(i64, i64, i64)> = sqlx::query_as(&self.sql(&format!(
+            "SELECT gpu_id, period_start, period_end {overlap}"
+        )))
+        .bind(file_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, lo, hi) in replaced {
+            widen(&mut touched, id, lo, hi);
+        }
+        sqlx::query(&self.sql(&format!("DELETE {overlap}")))
+            .bind(file_id)
+            .execute(&mut *tx)
+            .await?;
         // Spread each GPU's billed periods over their present hours (as counted above), and
         // roll the days up again.
         let mut by_range: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
@@ -246,6 +278,52 @@ impl Store {
             )
             .await?;
         }
+        // Per GPU, owner and month: what this file billed for the hours it covers, against the
+        // estimate of the same hours.
+        let rows: Vec<BilledRowSql> = sqlx::query_as(&self.sql(
+            "SELECT g.uuid, g.host, o.team, g.usd_per_hour, bp.period_start, \
+                 CAST(COUNT(*) AS BIGINT), CAST(SUM(bp.billed_usd / bp.hours) AS DOUBLE PRECISION) \
+                 FROM billed_gpu_periods bp JOIN gpus g ON g.id = bp.gpu_id \
+                 JOIN gpu_hours h ON h.gpu_id = bp.gpu_id AND h.hour >= bp.period_start \
+                 AND h.hour < bp.period_end AND h.hour < $2 \
+                 JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
+                 AND o.to_ts > h.hour \
+                 WHERE bp.file_id = $1 AND bp.hours > 0 \
+                 GROUP BY g.uuid, g.host, o.team, g.usd_per_hour, bp.period_start \
+                 UNION ALL \
+                 SELECT g.uuid, g.host, g.team, g.usd_per_hour, bp.period_start, \
+                 CAST(0 AS BIGINT), CAST(bp.billed_usd AS DOUBLE PRECISION) \
+                 FROM billed_gpu_periods bp JOIN gpus g ON g.id = bp.gpu_id \
+                 WHERE bp.file_id = $1 AND bp.hours = 0",
+        ))
+        .bind(file_id)
+        .bind(cap)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows: Vec<BilledRow> = rows
+            .into_iter()
+            .map(|(uuid, host, team, rate, start, hours, billed)| BilledRow {
+                month: Utc
+                    .timestamp_opt(start, 0)
+                    .single()
+                    .unwrap_or_default()
+                    .format("%Y-%m")
+                    .to_string(),
+                uuid,
+                host: host.unwrap_or_default(),
+                team,
+                gpu_hours: hours,
+                usd_per_hour: rate,
+                billed_usd: billed,
+            })
+            .collect();
+        (report.gpus, report.teams) = months(&rows);
+        let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
+        sqlx::query(&self.sql("UPDATE billing_files SET report = $2 WHERE id = $1"))
+            .bind(file_id)
+            .bind(json)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(BillingImport {
             name: name.to_string(),
@@ -290,6 +368,17 @@ impl Store {
         let mut out: Vec<UnseenSpend> = by_resource.into_values().collect();
         out.sort_by(|a, b| b.effective_cost.total_cmp(&a.effective_cost));
         Ok(out)
+    }
+
+    /// The size and modification time a file had when it was last imported under `name`.
+    pub async fn billing_stamp(&self, name: &str) -> Result<Option<(i64, i64)>> {
+        let row: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(
+            &self.sql("SELECT size_bytes, modified FROM billing_files WHERE name = $1"),
+        )
+        .bind(name.to_string())
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.and_then(|(s, m)| Some((s?, m?))))
     }
 
     /// The imported exports, newest first, with their reports as at import.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use gpuledger_ledger::merge::attributes;
-use gpuledger_ledger::ownership::Holder;
+use gpuledger_ledger::ownership::{holders_at, Holder};
 use gpuledger_ledger::{merge_gpu, GpuRecord, Rejection, Validated};
 use gpuledger_model::{
     day_floor, hour_floor, HostGpus, PushAllocation, PushGpu, DAY_SECS, HOUR_SECS,
@@ -330,6 +330,26 @@ impl Store {
                 ));
                 continue;
             }
+            // A team-scoped token may not move a GPU out of its teams through the workload
+            // facts ownership rules read.
+            if who.teams.is_some()
+                && !a.context.is_empty()
+                && self.settings.ownership.reads_workloads()
+            {
+                if let Some((uuid, team)) = self.owner_with(&mut tx, rec, a).await? {
+                    if !who.may_write(&team) {
+                        out.rejected.push(Rejection::forbidden(
+                            format!("allocations[{i}].context"),
+                            format!(
+                                "would place GPU {uuid} in team `{team}` through the ownership \
+                                 rules; this token may write only teams: {}",
+                                who.teams_text()
+                            ),
+                        ));
+                        continue;
+                    }
+                }
+            }
             let start = a.start.timestamp();
             let end = a.end.map(|e| e.timestamp());
             let context = (!a.context.is_empty())
@@ -407,7 +427,10 @@ impl Store {
             .filter(|(_, t)| t.flags.is_some() || t.holders)
             .map(|(id, _)| *id)
             .collect();
-        self.refresh_holders(&mut tx, &held).await?;
+        for reason in self.refresh_holders(&mut tx, who, &held, now_secs).await? {
+            out.rejected
+                .push(Rejection::forbidden("allocations", reason));
+        }
         self.reroll(&mut tx, &touched).await?;
         self.record_attempt(&mut tx, who, &out, now_secs).await?;
         tx.commit().await?;
@@ -889,15 +912,20 @@ impl Store {
     }
 
     /// Keep the holders of the GPUs `ids` (and of the physical GPUs of MIG instances among
-    /// them) in step with their allocations: the open ones, oldest first, or else the last one
-    /// to start. Ownership rules on namespaces, pod labels or Slurm accounts read them, so a
-    /// GPU whose owner changes with its holders opens a new owner period at the newest
-    /// holder's start.
+    /// them) in step with their allocations (see [`holders_at`]). Ownership rules on
+    /// namespaces, pod labels or Slurm accounts read them, so a GPU whose owner changes with
+    /// its holders opens a new owner period when the holders changed: the start of a holder
+    /// that came, or the end of one that left (`now` when neither is known). A change that
+    /// would place a GPU in a team `who` may not write is refused and named; the GPU keeps
+    /// its owner.
     pub(crate) async fn refresh_holders(
         &self,
         tx: &mut Transaction<'_, Any>,
+        who: &Principal,
         ids: &[i64],
-    ) -> Result<()> {
+        now: i64,
+    ) -> Result<Vec<String>> {
+        let mut refused = Vec::new();
         let mut targets: BTreeSet<i64> = ids.iter().copied().collect();
         for chunk in ids.chunks(500) {
             let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
@@ -923,53 +951,113 @@ impl Store {
                 continue;
             };
             let (id, old) = gpu_from_row(&row)?;
-            let family = "FROM allocations WHERE (gpu_id = $1 OR gpu_id IN \
-                          (SELECT id FROM gpus WHERE mig_parent_uuid = $2))";
-            let cols = "SELECT workload, kind, source, start_ts, end_ts, context";
+            // The running allocations and the last one to start are all the current holders
+            // can come from.
             let mut rows: Vec<HolderRow> = sqlx::query_as(&self.sql(&format!(
-                "{cols} {family} AND end_ts IS NULL ORDER BY start_ts, workload LIMIT 32"
+                "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
             )))
             .bind(id)
             .bind(old.uuid.clone())
             .fetch_all(&mut **tx)
             .await?;
-            if rows.is_empty() {
-                rows = sqlx::query_as(&self.sql(&format!(
-                    "{cols} {family} ORDER BY start_ts DESC, end_ts DESC, workload LIMIT 1"
+            rows.extend(
+                sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
+                    "{HOLDER_COLUMNS} {HOLDER_FAMILY} ORDER BY start_ts DESC, end_ts DESC LIMIT 1"
                 )))
                 .bind(id)
                 .bind(old.uuid.clone())
                 .fetch_all(&mut **tx)
-                .await?;
-            }
-            let mut holders: Vec<Holder> = Vec::with_capacity(rows.len());
-            for (workload, kind, source, start, end, context) in rows {
-                // One workload on two MIG instances, or reported by two sources, holds once.
-                if holders.iter().any(|h| h.workload == workload) {
-                    continue;
-                }
-                holders.push(Holder {
-                    workload,
-                    kind,
-                    source,
-                    start: secs(start),
-                    end: end.map(secs),
-                    context: context
-                        .and_then(|c| serde_json::from_str(&c).ok())
-                        .unwrap_or_default(),
-                });
-            }
+                .await?,
+            );
+            let candidates: Vec<Holder> = rows.into_iter().map(holder_of).collect();
+            let holders = holders_at(&candidates, i64::MAX);
             if holders == old.holders {
                 continue;
             }
             let mut rec = old.clone();
             rec.holders = holders;
             rec.rederive(&self.settings);
-            let at = rec.holders.iter().map(|h| h.start.timestamp()).max();
-            let owner_at = at.filter(|_| owner_changed(Some(&old), &rec));
+            let changed = owner_changed(Some(&old), &rec);
+            if changed && !who.may_write(&rec.team) {
+                refused.push(format!(
+                    "the workloads now holding GPU {} would place it in team `{}`; this token \
+                     may write only teams: {}; it stays `{}`'s",
+                    rec.uuid,
+                    rec.team,
+                    who.teams_text(),
+                    old.team
+                ));
+                continue;
+            }
+            let mut at: Option<i64> = None;
+            for h in &rec.holders {
+                if !old.holders.iter().any(|o| o.workload == h.workload) {
+                    at = at.max(Some(h.start.timestamp()));
+                }
+            }
+            for o in &old.holders {
+                if rec.holders.iter().any(|h| h.workload == o.workload) {
+                    continue;
+                }
+                let end: Option<i64> = sqlx::query_scalar(&self.sql(&format!(
+                    "SELECT MAX(end_ts) {HOLDER_FAMILY} AND workload = $3"
+                )))
+                .bind(id)
+                .bind(old.uuid.clone())
+                .bind(o.workload.clone())
+                .fetch_one(&mut **tx)
+                .await?;
+                at = at.max(Some(end.unwrap_or(now)));
+            }
+            let owner_at = changed.then(|| at.unwrap_or(now));
             self.upsert_gpu(tx, &rec, owner_at).await?;
         }
-        Ok(())
+        Ok(refused)
+    }
+
+    /// The physical GPU `a` lands on (the GPU itself, or a MIG instance's parent) and the team
+    /// that would own it once `a` holds it too, or `None` when that GPU is unknown.
+    async fn owner_with(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        rec: &GpuRecord,
+        a: &PushAllocation,
+    ) -> Result<Option<(String, String)>> {
+        let uuid = rec
+            .mig_parent_uuid
+            .clone()
+            .unwrap_or_else(|| rec.uuid.clone());
+        let Some(row) =
+            sqlx::query(&self.sql(&format!("SELECT {GPU_COLUMNS} FROM gpus WHERE uuid = $1")))
+                .bind(uuid.clone())
+                .fetch_optional(&mut **tx)
+                .await?
+        else {
+            return Ok(None);
+        };
+        let (id, mut gpu) = gpu_from_row(&row)?;
+        let mut candidates: Vec<Holder> = sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
+            "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
+        )))
+        .bind(id)
+        .bind(uuid.clone())
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(holder_of)
+        .collect();
+        candidates.extend(gpu.holders.iter().cloned());
+        candidates.push(Holder {
+            workload: a.workload.clone(),
+            kind: a.kind.as_str().to_string(),
+            source: String::new(),
+            start: a.start,
+            end: a.end,
+            context: a.context.clone(),
+        });
+        gpu.holders = holders_at(&candidates, i64::MAX);
+        gpu.rederive(&self.settings);
+        Ok(Some((uuid, gpu.team)))
     }
 
     /// A real GPU first reported on `host` takes over one placeholder of that host: its hours
@@ -1274,7 +1362,28 @@ impl Store {
 /// An allocation as stored: end, source, kind, user, team.
 /// `end_ts, source, kind, user_name, team, owner` of a stored allocation.
 /// An allocation as a holder: workload, kind, source, start, end, context.
-type HolderRow = (String, String, String, i64, Option<i64>, Option<String>);
+pub(crate) type HolderRow = (String, String, String, i64, Option<i64>, Option<String>);
+
+/// The columns of a [`HolderRow`].
+pub(crate) const HOLDER_COLUMNS: &str = "SELECT workload, kind, source, start_ts, end_ts, context";
+
+/// The allocations of GPU `$1` (UUID `$2`) and of its MIG instances.
+pub(crate) const HOLDER_FAMILY: &str = "FROM allocations WHERE (gpu_id = $1 OR gpu_id IN \
+     (SELECT id FROM gpus WHERE mig_parent_uuid = $2))";
+
+pub(crate) fn holder_of(r: HolderRow) -> Holder {
+    let (workload, kind, source, start, end, context) = r;
+    Holder {
+        workload,
+        kind,
+        source,
+        start: secs(start),
+        end: end.map(secs),
+        context: context
+            .and_then(|c| serde_json::from_str(&c).ok())
+            .unwrap_or_default(),
+    }
+}
 
 fn secs(t: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp(t, 0).unwrap_or_default()

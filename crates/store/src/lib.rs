@@ -20,7 +20,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
-pub use billing::{month_of, BillingFile, BillingImport, UnseenSpend};
+pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, IdleWorkload, SeriesPoint, UsedBy};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};
@@ -144,12 +144,28 @@ impl Store {
         Store::open_in_schema(url, None, settings).await
     }
 
+    /// Open for a one-off command (`token create`, `import billing`): migrate, but leave
+    /// owners, environments and rates as the server derived them. A command run without the
+    /// server's config must not re-decide owners with empty rules and so write owner history.
+    pub async fn open_for_tool(url: &str, settings: Settings) -> Result<Store> {
+        Store::open_with(url, None, settings, false).await
+    }
+
     /// Like [`Store::open`], with every PostgreSQL connection working in `schema` (created when
     /// missing). Tests use it to give each test its own schema.
     pub async fn open_in_schema(
         url: &str,
         schema: Option<&str>,
         settings: Settings,
+    ) -> Result<Store> {
+        Store::open_with(url, schema, settings, true).await
+    }
+
+    async fn open_with(
+        url: &str,
+        schema: Option<&str>,
+        settings: Settings,
+        apply_settings: bool,
     ) -> Result<Store> {
         sqlx::any::install_default_drivers();
         let (backend, url) = normalize_url(url)?;
@@ -204,7 +220,9 @@ impl Store {
             write_lock: Default::default(),
         };
         store.migrate().await?;
-        store.apply_settings().await?;
+        if apply_settings {
+            store.apply_settings().await?;
+        }
         Ok(store)
     }
 
@@ -319,7 +337,13 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         let mut tx = self.pool.begin().await?;
-        self.refresh_holders(&mut tx, &ids).await?;
+        let server = crate::Principal {
+            source: "gpuledger".into(),
+            teams: None,
+            kind: "server".into(),
+        };
+        self.refresh_holders(&mut tx, &server, &ids, chrono::Utc::now().timestamp())
+            .await?;
         sqlx::query(&self.sql("INSERT INTO meta (key, value) VALUES ('holders', '1')"))
             .execute(&mut *tx)
             .await?;

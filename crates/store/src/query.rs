@@ -3,7 +3,7 @@
 //! Aggregates come from the hour and day rollups; raw samples are never scanned. A window uses
 //! day rollups for its whole UTC days and hour rollups for the partial days at its edges.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, TimeZone, Utc};
 use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
@@ -392,11 +392,14 @@ impl Store {
     /// rewriting the owner history after `from` (`gpuledger reattribute --from DATE`); history
     /// before `from` keeps the owners it had. Returns how many GPUs' history changed.
     pub async fn reattribute(&self, from: DateTime<Utc>) -> Result<usize> {
+        use crate::ingest::{holder_of, HolderRow, HOLDER_COLUMNS, HOLDER_FAMILY};
+        use gpuledger_ledger::ownership::holders_at;
         let _writer = self.write_lock.lock().await;
         let from = hour_floor(from.timestamp()).max(0);
         let rows = sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus"))
             .fetch_all(self.pool())
             .await?;
+        let by_workload = self.settings.ownership.reads_workloads();
         let mut tx = self.pool().begin().await?;
         let mut changed = 0;
         for row in &rows {
@@ -406,6 +409,43 @@ impl Store {
             if rec != stored {
                 self.upsert_gpu(&mut tx, &rec, None).await?;
             }
+            // The owner from `from` on: one period when rules read only the GPU; when they read
+            // the workloads holding it, replayed through the holders' changes since `from`.
+            let mut periods: Vec<(i64, GpuRecord)> = Vec::new();
+            if by_workload {
+                let allocations: Vec<gpuledger_ledger::ownership::Holder> =
+                    sqlx::query_as::<_, HolderRow>(
+                        &self.sql(&format!("{HOLDER_COLUMNS} {HOLDER_FAMILY}")),
+                    )
+                    .bind(id)
+                    .bind(rec.uuid.clone())
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .into_iter()
+                    .map(holder_of)
+                    .collect();
+                let mut events: BTreeSet<i64> = BTreeSet::from([from]);
+                for a in &allocations {
+                    events.insert(a.start.timestamp());
+                    events.extend(a.end.map(|e| e.timestamp()));
+                }
+                for t in events.into_iter().filter(|t| *t >= from) {
+                    let mut at = rec.clone();
+                    at.holders = holders_at(&allocations, t);
+                    at.rederive(&self.settings);
+                    let hour = hour_floor(t);
+                    match periods.last_mut() {
+                        // Several changes within an hour: the hour goes to the last.
+                        Some(last) if last.0 == hour => last.1 = at,
+                        Some(last) if last.1.team == at.team && last.1.env == at.env => {}
+                        _ => periods.push((hour, at)),
+                    }
+                }
+                // Merging within an hour may leave neighbours with the same owner.
+                periods.dedup_by(|b, a| a.1.team == b.1.team && a.1.env == b.1.env);
+            } else {
+                periods.push((from, rec.clone()));
+            }
             let after: Vec<(i64, String, String)> = sqlx::query_as(&self.sql(
                 "SELECT from_ts, team, env FROM gpu_owners WHERE gpu_id = $1 AND to_ts > $2 \
                  ORDER BY from_ts",
@@ -414,7 +454,12 @@ impl Store {
             .bind(from)
             .fetch_all(&mut *tx)
             .await?;
-            if after.len() == 1 && after[0].1 == rec.team && after[0].2 == rec.env {
+            let same =
+                after.len() == periods.len()
+                    && after.iter().zip(&periods).enumerate().all(|(i, (a, p))| {
+                        (i == 0 || a.0 == p.0) && a.1 == p.1.team && a.2 == p.1.env
+                    });
+            if same {
                 continue;
             }
             changed += 1;
@@ -430,22 +475,25 @@ impl Store {
             .bind(from)
             .execute(&mut *tx)
             .await?;
-            sqlx::query(&self.sql(
-                "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            ))
-            .bind(id)
-            .bind(from)
-            .bind(OPEN_END)
-            .bind(rec.team.clone())
-            .bind(rec.env.clone())
-            .bind(format!(
-                "{} (re-attributed from {})",
-                rec.owner_reason,
-                ts(from).format("%Y-%m-%d %H:%M UTC")
-            ))
-            .execute(&mut *tx)
-            .await?;
+            for (i, (start, p)) in periods.iter().enumerate() {
+                let end = periods.get(i + 1).map(|n| n.0).unwrap_or(OPEN_END);
+                sqlx::query(&self.sql(
+                    "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                ))
+                .bind(id)
+                .bind(*start)
+                .bind(end)
+                .bind(p.team.clone())
+                .bind(p.env.clone())
+                .bind(format!(
+                    "{} (re-attributed from {})",
+                    p.owner_reason,
+                    ts(from).format("%Y-%m-%d %H:%M UTC")
+                ))
+                .execute(&mut *tx)
+                .await?;
+            }
         }
         tx.commit().await?;
         Ok(changed)

@@ -1307,6 +1307,66 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
         .collect();
     assert_eq!(hours, [("nlp", 1, 2), ("vision", 1, 2)], "{hours:?}");
     assert_eq!(s.total.gpus, 1);
+
+    // vision's pod ends at 11:30: the nlp pod is the only holder, and the GPU is nlp's from
+    // the hour the vision pod left, not from when the nlp pod started.
+    collect_at(
+        &store,
+        &k8s,
+        &pod(
+            "vision-prod",
+            "b",
+            "2026-12-02T10:30:00Z",
+            Some("2026-12-02T11:30:00Z"),
+        ),
+        t("2026-12-02T11:31:00Z"),
+    )
+    .await;
+    let (g, periods) = owner(&store, A).await;
+    assert_eq!(g.team, "nlp");
+    assert_eq!(
+        periods[2..],
+        [
+            (
+                "vision".to_string(),
+                Some("10:00".to_string()),
+                Some("11:00".to_string())
+            ),
+            ("nlp".to_string(), Some("11:00".to_string()), None)
+        ]
+    );
+
+    // A token scoped to nlp may not move a GPU out of nlp through a pod's namespace.
+    let scoped = who("nlp-cron", Some(&["nlp"]));
+    let out = push_at(
+        &store,
+        &scoped,
+        &format!(
+            r#"{{"allocations":[{{"gpu_uuid":"{A}","start":"2026-12-02T09:00:00Z","workload":"vision-prod/early","kind":"pod","context":{{"namespace":"vision-prod","namespace_labels":{{"team":"vision"}}}}}}]}}"#
+        ),
+        t("2026-12-02T11:40:00Z"),
+    )
+    .await;
+    assert_eq!(out.rejected.len(), 1, "{:?}", out.rejected);
+    assert_eq!(out.rejected[0].path, "allocations[0].context");
+    assert!(
+        out.rejected[0]
+            .reason
+            .contains("would place GPU GPU-aaaaaaaa-0000-0000-0000-000000000001 in team `vision`"),
+        "{}",
+        out.rejected[0].reason
+    );
+    assert_eq!(owner(&store, A).await.0.team, "nlp");
+
+    // Re-attributing replays the holders since the date: the history comes out the same, not
+    // flattened to today's owner.
+    let before = owner(&store, A).await.1;
+    assert_eq!(
+        store.reattribute(t("2026-12-02T00:00:00Z")).await.unwrap(),
+        0
+    );
+    let after = owner(&store, A).await.1;
+    assert_eq!(before[1..], after[1..]);
 }
 
 mod workload_rules {
@@ -1407,7 +1467,7 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
         )
     };
     let done = store
-        .import_billing("focus-2026-12.csv", &focus("48.00"), now())
+        .import_billing("focus-2026-12.csv", &focus("48.00"), now(), false)
         .await
         .unwrap();
     assert!(!done.unchanged);
@@ -1457,12 +1517,12 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
     assert_eq!(nlp.cost_basis, gpuledger_model::CostBasis::Reconciled);
 
     let again = store
-        .import_billing("focus-2026-12.csv", &focus("48.00"), now())
+        .import_billing("focus-2026-12.csv", &focus("48.00"), now(), false)
         .await
         .unwrap();
     assert!(again.unchanged, "the same content changes nothing");
     store
-        .import_billing("focus-2026-12.csv", &focus("30.00"), now())
+        .import_billing("focus-2026-12.csv", &focus("30.00"), now(), false)
         .await
         .unwrap();
     let s = store
@@ -1486,8 +1546,33 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
     let files = store.billing_files().await.unwrap();
     assert_eq!(files.len(), 1);
     assert_eq!(files[0].report["matched_lines"], 1);
+    // The report compares the bill with the estimate of the hours it covers.
+    assert_eq!(files[0].report["gpus"][0]["gpu_hours"], 6);
+    assert_eq!(files[0].report["gpus"][0]["estimated_usd"], 73.74);
+    assert_eq!(files[0].report["teams"][0]["team"], "nlp");
+    // The same bill delivered again under another name replaces the first, never adds up.
+    let again = store
+        .import_billing("run-2/focus-2026-12.csv", &focus("32.00"), now(), false)
+        .await
+        .unwrap();
+    assert!(!again.unchanged);
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(group(&s.groups, "nlp").billed_usd, 32.0, "latest bill wins");
+    // Importing the first file again (forced) makes it the latest.
+    store
+        .import_billing("focus-2026-12.csv", &focus("30.00"), now(), true)
+        .await
+        .unwrap();
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(group(&s.groups, "nlp").billed_usd, 30.0);
     let err = store
-        .import_billing("not-focus.csv", "a,b\n1,2\n", now())
+        .import_billing("not-focus.csv", "a,b\n1,2\n", now(), false)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("ChargePeriodStart"), "{err}");

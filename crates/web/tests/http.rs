@@ -681,7 +681,7 @@ async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
         "ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,ResourceId,ChargeDescription\n\
         2026-12-02T08:00:00Z,2026-12-02T12:00:00Z,12.00,10.00,lab-1,GPU server lab-1 (A100 + T4)\n";
     app.store
-        .import_billing("lab-bill.csv", bill, now())
+        .import_billing("lab-bill.csv", bill, now(), false)
         .await
         .unwrap();
     let s = app

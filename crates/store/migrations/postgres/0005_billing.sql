@@ -9,7 +9,11 @@ CREATE TABLE billing_files (
     name TEXT NOT NULL UNIQUE,
     sha256 TEXT NOT NULL,
     imported_at BIGINT NOT NULL,
-    report TEXT NOT NULL
+    report TEXT NOT NULL,
+    -- The file's size and modification time when imported from a file (the billing
+    -- collector imports a file again only when either changed).
+    size_bytes BIGINT,
+    modified BIGINT
 );
 
 -- What was billed per GPU and charge period [period_start, period_end): each matched line's

@@ -75,8 +75,8 @@ pub fn spend_table(
             ncol("Cost", "Σ present hours × rate (estimate)."),
             ncol(
                 "Billed",
-                "What imported billing exports billed for this group's GPU-hours in reconciled \
-                 months (with those hours); '—' where the cost is an estimate only.",
+                "What imported billing exports billed for the group's GPU-hours they cover (with \
+                 those hours); '—' where the cost is an estimate only.",
             ),
             ncol("Idle cost", "Σ idle hours × rate."),
             ncol(

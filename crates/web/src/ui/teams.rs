@@ -104,8 +104,8 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
             ),
             ncol(
                 "Billed",
-                "What imported billing exports billed for its GPU-hours in reconciled months \
-                 (with those hours); '—' where its cost is an estimate only.",
+                "What imported billing exports billed for its GPU-hours they cover (with those \
+                 hours); '—' where its cost is an estimate only.",
             ),
             ncol("Idle cost", "Σ idle hours × rate of the GPUs it owns."),
             ncol(

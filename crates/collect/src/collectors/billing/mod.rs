@@ -15,16 +15,17 @@
 //! interval_secs = 3600
 //! ```
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use gpuledger_model::{Observation, Provenance};
 use serde::Deserialize;
 
-use crate::{in_range, now_secs, CollectError, CollectFuture, Collector};
+use crate::{
+    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
+    ReportFuture,
+};
 
 /// The kind string: config `type`, module name, test module.
 pub const KIND: &str = "billing";
@@ -84,12 +85,12 @@ impl BillingConfig {
     }
 }
 
-/// The collector: remembers each file's size and modification time, and reports a file when
-/// it is new or either changed.
+/// The collector: reports every settled export with its size and modification time; the
+/// server imports the ones it has not imported with that size and time yet, so a file that
+/// failed to import is tried again on the next run.
 pub struct BillingCollector {
     name: String,
     config: BillingConfig,
-    seen: Mutex<HashMap<PathBuf, (u64, SystemTime)>>,
 }
 
 impl BillingCollector {
@@ -97,13 +98,12 @@ impl BillingCollector {
         Ok(BillingCollector {
             name: name.to_string(),
             config: BillingConfig::from_toml(text)?,
-            seen: Mutex::new(HashMap::new()),
         })
     }
 
-    /// One pass over the folder: the settled files that are new or changed since the last
-    /// pass, in path order.
-    pub fn run(&self, now: SystemTime) -> Result<Vec<Observation>, CollectError> {
+    /// One pass over the folder: the settled files, newest first (at most
+    /// [`MAX_FILES_PER_RUN`]), and a problem for each folder that could not be listed.
+    pub fn run(&self, now: SystemTime) -> Result<CollectReport, CollectError> {
         let dir = &self.config.dir;
         if !dir.is_dir() {
             return Err(CollectError::Config(format!(
@@ -112,23 +112,25 @@ impl BillingCollector {
             )));
         }
         let mut files = Vec::new();
-        walk(dir, 0, &self.config.patterns, &mut files)?;
-        files.sort();
+        let mut problems = Vec::new();
+        walk(dir, 0, &self.config.patterns, &mut files, &mut problems)?;
+        files.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
         let settle = Duration::from_secs(self.config.settle_secs);
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let at = now_secs();
         let mut out = Vec::new();
         for (path, size, modified) in files {
             if out.len() >= MAX_FILES_PER_RUN {
+                problems.push(PartProblem {
+                    part: dir.display().to_string(),
+                    error: CollectError::Data(format!(
+                        "more than {MAX_FILES_PER_RUN} exports: the oldest wait for later runs"
+                    )),
+                });
                 break;
             }
             if now.duration_since(modified).unwrap_or_default() < settle {
                 continue; // Still being written, or just written: next run.
             }
-            if seen.get(&path) == Some(&(size, modified)) {
-                continue;
-            }
-            seen.insert(path.clone(), (size, modified));
             out.push(Observation::BillingExport {
                 path: path.display().to_string(),
                 size_bytes: size,
@@ -140,25 +142,44 @@ impl BillingCollector {
                 },
             });
         }
-        Ok(out)
+        Ok(CollectReport {
+            observations: out,
+            problems,
+        })
     }
 }
 
-/// Files under `dir` whose names match a pattern, with size and modification time.
+/// Files under `dir` whose names match a pattern, with size and modification time. A folder
+/// below `dir` that cannot be listed is named in `problems`; the rest is read.
 fn walk(
     dir: &Path,
     depth: usize,
     patterns: &[String],
     out: &mut Vec<(PathBuf, u64, SystemTime)>,
+    problems: &mut Vec<PartProblem>,
 ) -> Result<(), CollectError> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| CollectError::Transient(format!("listing {}: {e}", dir.display())))?;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if depth == 0 => {
+            return Err(CollectError::Transient(format!(
+                "listing {}: {e}",
+                dir.display()
+            )))
+        }
+        Err(e) => {
+            problems.push(PartProblem {
+                part: dir.display().to_string(),
+                error: CollectError::Transient(format!("listing {}: {e}", dir.display())),
+            });
+            return Ok(());
+        }
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         let Ok(meta) = entry.metadata() else { continue };
         if meta.is_dir() {
             if depth < MAX_DEPTH {
-                walk(&path, depth + 1, patterns, out)?;
+                walk(&path, depth + 1, patterns, out, problems)?;
             }
             continue;
         }
@@ -208,6 +229,10 @@ impl Collector for BillingCollector {
     }
 
     fn collect(&self) -> CollectFuture<'_> {
+        Box::pin(async move { self.run(SystemTime::now()).map(|r| r.observations) })
+    }
+
+    fn collect_report(&self) -> ReportFuture<'_> {
         Box::pin(async move { self.run(SystemTime::now()) })
     }
 }
@@ -227,6 +252,54 @@ mod tests {
         assert!(e.to_string().contains("patterns:"), "{e}");
         let e = BillingConfig::from_toml("dir = \"/x\"\nfolder = \"/y\"\n").unwrap_err();
         assert!(e.to_string().contains("unknown field `folder`"), "{e}");
+    }
+
+    /// Every settled export is reported, each run (the server skips what it imported with the
+    /// same size and time); files still being written wait; other files are left alone.
+    #[test]
+    fn a_run_reports_settled_exports_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-billing-{}", std::process::id()));
+        let period = dir.join("BILLING_PERIOD=2026-11");
+        std::fs::create_dir_all(&period).unwrap();
+        std::fs::write(period.join("part-1.csv.gz"), b"x").unwrap();
+        std::fs::write(dir.join("focus.csv"), b"y").unwrap();
+        std::fs::write(period.join("manifest.json"), b"{}").unwrap();
+        let entry = |settle: u64| {
+            BillingCollector::from_toml(
+                "c",
+                &format!("dir = \"{}\"\nsettle_secs = {settle}\n", dir.display()),
+            )
+            .unwrap()
+        };
+        let paths = |r: CollectReport| -> Vec<String> {
+            let mut p: Vec<String> = r
+                .observations
+                .iter()
+                .map(|o| match o {
+                    Observation::BillingExport { path, .. } => path.clone(),
+                    _ => panic!("only exports"),
+                })
+                .collect();
+            p.sort();
+            p
+        };
+        let later = SystemTime::now() + Duration::from_secs(10);
+        let c = entry(0);
+        let first = paths(c.run(later).unwrap());
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(first[0].ends_with("part-1.csv.gz") && first[1].ends_with("focus.csv"));
+        assert_eq!(paths(c.run(later).unwrap()), first, "stateless: every run");
+        assert!(
+            entry(3600).run(later).unwrap().observations.is_empty(),
+            "just written: not settled"
+        );
+        let gone = BillingCollector::from_toml("c", "dir = \"/nonexistent/exports\"\n").unwrap();
+        assert!(gone
+            .run(later)
+            .unwrap_err()
+            .to_string()
+            .contains("not a folder"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
