@@ -1,10 +1,11 @@
 //! Fuzz the kubernetes collector's mapping: any bytes that decode as a Node or a Pod must map to
-//! GPU facts (or to nothing) without a panic, whatever the labels, quantities and times say.
+//! GPU facts (or to nothing) without a panic, whatever the labels, quantities and times say,
+//! and a pod's workload context must stay within the push contract's limits.
 //!
 //! Run: `cargo +nightly fuzz run kubernetes_objects` (from the repository root).
 #![no_main]
 
-use gpuledger_collect::collectors::kubernetes::parse::{node_gpus, pod_gpus};
+use gpuledger_collect::collectors::kubernetes::parse::{node_gpus, pod_gpus, workload_context};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use libfuzzer_sys::fuzz_target;
 
@@ -18,6 +19,12 @@ fuzz_target!(|data: &[u8]| {
         if let Some(p) = pod_gpus(&pod) {
             assert!(p.slots() > 0);
             assert!(p.end.is_none() || p.end >= p.start);
+            // What ownership rules read stays within the push contract's limits.
+            let c = workload_context(&p, None);
+            for (_, map) in c.maps() {
+                assert!(map.len() <= 64);
+                assert!(map.iter().all(|(k, v)| k.len() <= 256 && v.len() <= 256));
+            }
         }
     }
 });

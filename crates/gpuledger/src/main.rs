@@ -520,9 +520,11 @@ async fn import_billing(file: PathBuf, force: bool, db: DbArgs) -> anyhow::Resul
         report.unmatched.len(),
         report.problems.len(),
         if done.unchanged {
-            "imported before with the same content: nothing changed"
+            "imported before with the same content: nothing changed (--force reconciles again)"
+        } else if report.matched_lines == 0 {
+            "stored; it bills no GPU gpuledger knows"
         } else {
-            "stored: costs over these months now show what was billed"
+            "stored: what it billed now shows beside the estimates"
         }
     );
     println!("{}", serde_json::to_string_pretty(report)?);
