@@ -302,6 +302,47 @@ mod tests {
         assert!(instance_price("m5.large").is_none());
     }
 
+    /// Every instance type the corpus's SkyPilot AWS catalog prices in us-east-1 that the
+    /// built-in catalog also holds has the same on-demand price and GPU count.
+    #[test]
+    fn catalog_agrees_with_the_corpus_skypilot_prices() {
+        let corpus = std::env::var_os("GPULEDGER_CORPUS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../../shared/fixtures")
+            });
+        let file = corpus.join("pricing/skypilot-catalog-v7-aws-vms-gpu-subset.csv");
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            eprintln!("skipped: no corpus at {}", file.display());
+            return;
+        };
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let mut checked = std::collections::BTreeSet::new();
+        for row in reader.deserialize::<std::collections::HashMap<String, String>>() {
+            let row = row.unwrap();
+            if row["Region"] != "us-east-1" {
+                continue;
+            }
+            let Some(p) = instance_price(&row["InstanceType"]) else {
+                continue;
+            };
+            let price: f64 = row["Price"].parse().unwrap();
+            let gpus: f64 = row["AcceleratorCount"].parse().unwrap();
+            assert_eq!(
+                (p.usd_per_hour, p.gpus),
+                (price, gpus),
+                "{}",
+                p.instance_type
+            );
+            checked.insert(p.instance_type);
+        }
+        assert_eq!(
+            checked.into_iter().collect::<Vec<_>>(),
+            ["p3.2xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge"]
+        );
+    }
+
     #[test]
     fn catalog_covers_the_families_on_every_cloud_and_is_well_formed() {
         for fam in ["A100", "H100", "H200", "L40S", "L4", "A10G", "T4"] {
