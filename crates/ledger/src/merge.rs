@@ -104,22 +104,24 @@ impl GpuRecord {
     }
 }
 
-/// The attributes of a report that ownership rules may read, keyed as in [`GpuRecord::seen`].
+/// The attributes of a report that ownership rules may read, keyed as in [`GpuRecord::seen`]:
+/// [`attributes`] with labels keyed `label.<key>`, less those rules never read.
 fn reported(g: &PushGpu) -> Vec<(String, String)> {
-    let mut out = vec![("model".to_string(), g.model.clone())];
-    let opt = [
-        ("memory_mib", g.memory_mib.map(|m| m.to_string())),
-        ("host", g.host.clone()),
-        ("cluster", g.cluster.clone()),
-        ("cloud", g.cloud.map(|c| c.as_str().to_string())),
-        ("region", g.region.clone()),
-        ("instance_type", g.instance_type.clone()),
-        ("account", g.account.clone()),
+    const RULES_READ: [&str; 8] = [
+        "model",
+        "memory_mib",
+        "host",
+        "cluster",
+        "cloud",
+        "region",
+        "instance_type",
+        "account",
     ];
-    out.extend(
-        opt.into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k.to_string(), v))),
-    );
+    let mut out: Vec<(String, String)> = attributes(g)
+        .into_iter()
+        .filter(|(k, _)| RULES_READ.contains(k))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
     out.extend(
         g.labels
             .iter()

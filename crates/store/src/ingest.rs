@@ -951,25 +951,7 @@ impl Store {
                 continue;
             };
             let (id, old) = gpu_from_row(&row)?;
-            // The running allocations and the last one to start are all the current holders
-            // can come from.
-            let mut rows: Vec<HolderRow> = sqlx::query_as(&self.sql(&format!(
-                "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
-            )))
-            .bind(id)
-            .bind(old.uuid.clone())
-            .fetch_all(&mut **tx)
-            .await?;
-            rows.extend(
-                sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
-                    "{HOLDER_COLUMNS} {HOLDER_FAMILY} ORDER BY start_ts DESC, end_ts DESC LIMIT 1"
-                )))
-                .bind(id)
-                .bind(old.uuid.clone())
-                .fetch_all(&mut **tx)
-                .await?,
-            );
-            let candidates: Vec<Holder> = rows.into_iter().map(holder_of).collect();
+            let candidates = self.holder_candidates(tx, id, &old.uuid).await?;
             let holders = holders_at(&candidates, i64::MAX);
             if holders == old.holders {
                 continue;
@@ -1015,6 +997,33 @@ impl Store {
         Ok(refused)
     }
 
+    /// The allocations the current holders of GPU `id` (UUID `uuid`) can come from: the
+    /// running ones of the GPU and its MIG instances, and the last one to start.
+    async fn holder_candidates(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        id: i64,
+        uuid: &str,
+    ) -> Result<Vec<Holder>> {
+        let mut rows: Vec<HolderRow> = sqlx::query_as(&self.sql(&format!(
+            "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
+        )))
+        .bind(id)
+        .bind(uuid.to_string())
+        .fetch_all(&mut **tx)
+        .await?;
+        rows.extend(
+            sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
+                "{HOLDER_COLUMNS} {HOLDER_FAMILY} ORDER BY start_ts DESC, end_ts DESC LIMIT 1"
+            )))
+            .bind(id)
+            .bind(uuid.to_string())
+            .fetch_all(&mut **tx)
+            .await?,
+        );
+        Ok(rows.into_iter().map(holder_of).collect())
+    }
+
     /// The physical GPU `a` lands on (the GPU itself, or a MIG instance's parent) and the team
     /// that would own it once `a` holds it too, or `None` when that GPU is unknown.
     async fn owner_with(
@@ -1036,17 +1045,7 @@ impl Store {
             return Ok(None);
         };
         let (id, mut gpu) = gpu_from_row(&row)?;
-        let mut candidates: Vec<Holder> = sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
-            "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
-        )))
-        .bind(id)
-        .bind(uuid.clone())
-        .fetch_all(&mut **tx)
-        .await?
-        .into_iter()
-        .map(holder_of)
-        .collect();
-        candidates.extend(gpu.holders.iter().cloned());
+        let mut candidates = self.holder_candidates(tx, id, &uuid).await?;
         candidates.push(Holder {
             workload: a.workload.clone(),
             kind: a.kind.as_str().to_string(),

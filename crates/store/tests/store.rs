@@ -82,6 +82,52 @@ macro_rules! both {
     )*};
 }
 
+/// Like [`both!`], for tests that open (and reopen) stores with settings of their own: each
+/// gets a function that opens a store over the same database with the settings given.
+macro_rules! both_reopening {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn sqlite() {
+                let dir = tempdir::Dir::new();
+                let url = format!("sqlite://{}/r.db", dir.0.display());
+                super::$name(move |s| {
+                    let url = url.clone();
+                    Box::pin(async move { Store::open(&url, s).await.unwrap() })
+                })
+                .await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+                    eprintln!(
+                        "skipped: PostgreSQL half of `{}` (set GPULEDGER_TEST_PG_URL)",
+                        stringify!($name)
+                    );
+                    return;
+                };
+                let schema = format!("t_{}_{}", stringify!($name), std::process::id());
+                Store::drop_schema(&url, &schema).await.unwrap();
+                super::$name(move |s| {
+                    let (url, schema) = (url.clone(), schema.clone());
+                    Box::pin(async move {
+                        Store::open_in_schema(&url, Some(&schema), s).await.unwrap()
+                    })
+                })
+                .await;
+            }
+        }
+    )*};
+}
+
+both_reopening!(
+    owner_history_keeps_the_past_and_reattribute_rewrites_it,
+    workload_rules_follow_the_pods_holding_a_gpu,
+);
+
 both!(
     scenario_summary_matches_hand_computation,
     ingest_resend_changes_nothing,
@@ -1108,36 +1154,6 @@ async fn owner_history_keeps_the_past_and_reattribute_rewrites_it(
     assert!(d.owner_history[1].reason.contains("(re-attributed from "));
 }
 
-mod owner_history {
-    use super::*;
-
-    #[tokio::test]
-    async fn sqlite() {
-        let dir = tempdir::Dir::new();
-        let url = format!("sqlite://{}/h.db", dir.0.display());
-        owner_history_keeps_the_past_and_reattribute_rewrites_it(move |s| {
-            let url = url.clone();
-            Box::pin(async move { Store::open(&url, s).await.unwrap() })
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn postgres() {
-        let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
-            eprintln!("skipped: PostgreSQL half of `owner_history` (set GPULEDGER_TEST_PG_URL)");
-            return;
-        };
-        let schema = format!("t_owner_history_{}", std::process::id());
-        Store::drop_schema(&url, &schema).await.unwrap();
-        owner_history_keeps_the_past_and_reattribute_rewrites_it(move |s| {
-            let (url, schema) = (url.clone(), schema.clone());
-            Box::pin(async move { Store::open_in_schema(&url, Some(&schema), s).await.unwrap() })
-        })
-        .await;
-    }
-}
-
 /// Ownership by the workloads holding a GPU, on both backends: a rule on the namespace's
 /// `team` label places a Kubernetes placeholder by the pod on it; the real GPU that absorbs
 /// the placeholder takes over its pods and so its owner; the owner stays after the pod ends
@@ -1367,36 +1383,6 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     );
     let after = owner(&store, A).await.1;
     assert_eq!(before[1..], after[1..]);
-}
-
-mod workload_rules {
-    use super::*;
-
-    #[tokio::test]
-    async fn sqlite() {
-        let dir = tempdir::Dir::new();
-        let url = format!("sqlite://{}/w.db", dir.0.display());
-        workload_rules_follow_the_pods_holding_a_gpu(move |s| {
-            let url = url.clone();
-            Box::pin(async move { Store::open(&url, s).await.unwrap() })
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn postgres() {
-        let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
-            eprintln!("skipped: PostgreSQL half of `workload_rules` (set GPULEDGER_TEST_PG_URL)");
-            return;
-        };
-        let schema = format!("t_workload_rules_{}", std::process::id());
-        Store::drop_schema(&url, &schema).await.unwrap();
-        workload_rules_follow_the_pods_holding_a_gpu(move |s| {
-            let (url, schema) = (url.clone(), schema.clone());
-            Box::pin(async move { Store::open_in_schema(&url, Some(&schema), s).await.unwrap() })
-        })
-        .await;
-    }
 }
 
 /// A contract for an account prices the GPUs a push places in that account; another account

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
-use gpuledger_model::{Observation, Provenance};
+use gpuledger_model::{glob_match, Observation, Provenance};
 use serde::Deserialize;
 
 use crate::{
@@ -185,7 +185,7 @@ fn walk(
         }
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if meta.is_file() && patterns.iter().any(|p| glob(p, &name)) {
+        if meta.is_file() && patterns.iter().any(|p| glob_match(p, &name)) {
             out.push((
                 path,
                 meta.len(),
@@ -194,29 +194,6 @@ fn walk(
         }
     }
     Ok(())
-}
-
-/// `*` matches any run of characters, `?` one character.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }
 
 impl Collector for BillingCollector {
@@ -304,9 +281,9 @@ mod tests {
 
     #[test]
     fn patterns_match_file_names() {
-        assert!(glob("*.csv", "focus-2026-11.csv"));
-        assert!(glob("*.csv.gz", "part-0001.csv.gz"));
-        assert!(!glob("*.csv", "focus.csv.gz"));
-        assert!(!glob("*.csv", "manifest.json"));
+        assert!(glob_match("*.csv", "focus-2026-11.csv"));
+        assert!(glob_match("*.csv.gz", "part-0001.csv.gz"));
+        assert!(!glob_match("*.csv", "focus.csv.gz"));
+        assert!(!glob_match("*.csv", "manifest.json"));
     }
 }
