@@ -489,14 +489,17 @@ async fn serve_merges_kubernetes_placeholders_with_dcgm_uuids() {
     }
 }
 
-/// `import billing`: the corpus FOCUS sample (no GPU spend in it) and a file written here with
-/// GPU lines for two demo hosts and one unknown instance, against the demo fleet.
-#[test]
-fn import_billing_reconciles_focus_lines_with_gpus() {
-    let dir = tempdir("billing");
+/// Load `days` of the demo fleet into a SQLite file in `dir`.
+fn demo_db(dir: &Path, days: u32) -> PathBuf {
     let db = dir.join("demo.db");
     let out = bin()
-        .args(["demo", "--load-only", "--days", "3", "--database-url"])
+        .args([
+            "demo",
+            "--load-only",
+            "--days",
+            &days.to_string(),
+            "--database-url",
+        ])
         .arg(&db)
         .output()
         .unwrap();
@@ -505,14 +508,26 @@ fn import_billing_reconciles_focus_lines_with_gpus() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let import = |file: &Path| {
-        let out = bin()
+    db
+}
+
+/// `import billing`: the corpus FOCUS sample (no GPU spend in it) and a file written here with
+/// GPU lines for two demo hosts and one unknown instance, against the demo fleet.
+#[test]
+fn import_billing_reconciles_focus_lines_with_gpus() {
+    let dir = tempdir("billing");
+    let db = demo_db(&dir, 3);
+    let import_raw = |file: &Path| {
+        bin()
             .args(["import", "billing"])
             .arg(file)
             .arg("--database-url")
             .arg(&db)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let import = |file: &Path| {
+        let out = import_raw(file);
         assert!(
             out.status.success(),
             "{}",
@@ -578,25 +593,13 @@ fn import_billing_reconciles_focus_lines_with_gpus() {
     }
     assert!(!r["teams"].as_array().unwrap().is_empty());
     // Kept: importing the same file again changes nothing.
-    let out = bin()
-        .args(["import", "billing"])
-        .arg(&file)
-        .arg("--database-url")
-        .arg(&db)
-        .output()
-        .unwrap();
+    let out = import_raw(&file);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("nothing changed"), "{said}");
     // Not a FOCUS export: refused whole, with what is missing.
     let bad = dir.join("bad.csv");
     std::fs::write(&bad, "a,b\n1,2\n").unwrap();
-    let out = bin()
-        .args(["import", "billing"])
-        .arg(&bad)
-        .arg("--database-url")
-        .arg(&db)
-        .output()
-        .unwrap();
+    let out = import_raw(&bad);
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("ChargePeriodStart"), "{said}");
@@ -718,17 +721,7 @@ async fn serve_reconciles_billing_exports_a_folder_collector_finds() {
 #[test]
 fn reattribute_applies_changed_rules_to_history_from_a_date() {
     let dir = tempdir("reattribute");
-    let db = dir.join("demo.db");
-    let out = bin()
-        .args(["demo", "--load-only", "--days", "2", "--database-url"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let db = demo_db(&dir, 2);
     let cfg = dir.join("gpuledger.toml");
     std::fs::write(
         &cfg,
