@@ -2,8 +2,9 @@
 //! Slurm, ...) and reports [`Observation`]s with provenance. Collectors report; they never decide
 //! ownership or cost, and never touch the store.
 //!
-//! A collector kind lives in `collectors/<kind>/` and is registered in [`KINDS`] and [`build`];
-//! its kind string is also its config `type`, its telemetry tag and its test module.
+//! A collector kind lives in `collectors/<kind>/` and is registered in [`KINDS`] and
+//! [`Settings`]; its kind string is also its config `type`, its telemetry tag and its test
+//! module. The fields every `[[collectors]]` entry shares are read once, by [`Entry::parse`].
 
 pub mod collectors;
 mod http;
@@ -23,15 +24,17 @@ pub enum CollectError {
     /// The configuration is wrong (bad URL, a 4xx, a missing setting); retrying will not help.
     #[error("{0}")]
     Config(String),
-    /// The source answered, but part of the answer was unusable (bad lines, unexpected JSON).
+    /// The source answered, but part of the answer was unusable (bad lines, unexpected JSON);
+    /// its next answer may be usable.
     #[error("{0}")]
     Data(String),
 }
 
 impl CollectError {
-    /// Worth retrying on the next interval.
+    /// Worth retrying on the next interval: everything but a configuration error, which needs a
+    /// person to change the entry (the server's runner stops that collector).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, CollectError::Transient(_))
+        !matches!(self, CollectError::Config(_))
     }
 }
 
@@ -131,7 +134,7 @@ pub const KINDS: &[&str] = &[
 ];
 
 /// Whether `kind` names a collector of this build, with a message for config errors.
-pub fn check_kind(kind: &str) -> Result<(), String> {
+fn check_kind(kind: &str) -> Result<(), String> {
     if KINDS.contains(&kind) {
         Ok(())
     } else if KINDS.is_empty() {
@@ -147,27 +150,223 @@ pub fn check_kind(kind: &str) -> Result<(), String> {
     }
 }
 
-/// Build the collector for a config entry. `config_toml` is the entry's own TOML text.
+/// The keys every `[[collectors]]` entry has, whatever its kind. [`Entry::parse`] reads them;
+/// a kind reads only the rest, so none of them is a kind's setting.
+pub const COMMON_KEYS: &[&str] = &["type", "name", "interval_secs"];
+
+/// How often a collector runs when its entry gives no `interval_secs`.
+pub const DEFAULT_INTERVAL_SECS: u64 = 60;
+/// The `interval_secs` a collector entry may give.
+pub const INTERVAL_SECS_RANGE: std::ops::RangeInclusive<u64> = 10..=3600;
+
+/// A checked `[[collectors]]` entry: the fields every kind shares, read once by
+/// [`Entry::parse`], and the kind's own settings, checked by the kind. `serve` builds its
+/// collectors from these, and `check-config` builds them the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// The source name its observations carry.
+    pub name: String,
+    pub interval_secs: u64,
+    pub settings: Settings,
+}
+
+/// A kind's checked settings; the variant is the kind (the entry's `type`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settings {
+    Billing(collectors::billing::BillingConfig),
+    Dcgm(collectors::dcgm::DcgmConfig),
+    Kubernetes(collectors::kubernetes::KubernetesConfig),
+}
+
+/// One problem with a `[[collectors]]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryProblem {
+    /// The common key it is about; `None` when it is about the entry as a whole or one of the
+    /// kind's settings (the message then names the setting).
+    pub key: Option<&'static str>,
+    pub message: String,
+}
+
+impl EntryProblem {
+    fn at(key: &'static str, message: impl Into<String>) -> EntryProblem {
+        EntryProblem {
+            key: Some(key),
+            message: message.into(),
+        }
+    }
+
+    fn entry(message: impl Into<String>) -> EntryProblem {
+        EntryProblem {
+            key: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl Entry {
+    /// Read and check one `[[collectors]]` table, common fields and the kind's settings, and
+    /// say every problem found, not just the first.
+    pub fn parse(table: &toml_edit::Table) -> Result<Entry, Vec<EntryProblem>> {
+        let mut problems = Vec::new();
+        let mut text = |key: &'static str, what: &str| match table.get(key) {
+            None => {
+                problems.push(EntryProblem::entry(format!("needs `{key}` ({what})")));
+                None
+            }
+            Some(item) => match item.as_str() {
+                Some(s) if !s.trim().is_empty() => Some(s.to_string()),
+                Some(_) => {
+                    problems.push(EntryProblem::at(key, "must not be empty"));
+                    None
+                }
+                None => {
+                    problems.push(EntryProblem::at(key, "must be a string"));
+                    None
+                }
+            },
+        };
+        let kind = text("type", "the collector kind");
+        let name = text("name", "the source name it reports as");
+        let kind = kind.filter(|k| match check_kind(k) {
+            Ok(()) => true,
+            Err(e) => {
+                problems.push(EntryProblem::at("type", e));
+                false
+            }
+        });
+        let (lo, hi) = (*INTERVAL_SECS_RANGE.start(), *INTERVAL_SECS_RANGE.end());
+        let interval_secs = match table.get("interval_secs").map(|i| i.as_integer()) {
+            None => DEFAULT_INTERVAL_SECS,
+            Some(Some(v)) if v >= lo as i64 && v <= hi as i64 => v as u64,
+            Some(Some(v)) => {
+                problems.push(EntryProblem::at(
+                    "interval_secs",
+                    format!("must be within {lo}..={hi}, got {v}"),
+                ));
+                DEFAULT_INTERVAL_SECS
+            }
+            Some(None) => {
+                problems.push(EntryProblem::at(
+                    "interval_secs",
+                    "must be an integer (seconds)",
+                ));
+                DEFAULT_INTERVAL_SECS
+            }
+        };
+        // The kind's settings are checked even when the name is missing, so that one run of
+        // check-config names every problem; a kind that defaults to the name sees a stand-in.
+        let settings = kind.as_deref().and_then(|kind| {
+            let named = name.as_deref().unwrap_or("unnamed");
+            Settings::parse(kind, named, &without_common_keys(table))
+                .map_err(|e| {
+                    problems.push(EntryProblem::entry(format!(
+                        "{kind} collector `{named}`: {e}"
+                    )))
+                })
+                .ok()
+        });
+        match (name, settings) {
+            (Some(name), Some(settings)) if problems.is_empty() => Ok(Entry {
+                name,
+                interval_secs,
+                settings,
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    /// The kind string.
+    pub fn kind(&self) -> &'static str {
+        self.settings.kind()
+    }
+
+    /// Build the collector this entry configures.
+    pub fn build(&self) -> Result<Box<dyn Collector>, CollectError> {
+        self.settings.build(&self.name)
+    }
+}
+
+impl Settings {
+    /// Check the settings of a collector of `kind` named `name`: the entry without the
+    /// [`COMMON_KEYS`].
+    pub fn parse(kind: &str, name: &str, own: &toml_edit::Table) -> Result<Settings, CollectError> {
+        use collectors::{billing, dcgm, kubernetes};
+        Ok(match kind {
+            billing::KIND => Settings::Billing(billing::BillingConfig::from_settings(own)?),
+            dcgm::KIND => Settings::Dcgm(dcgm::DcgmConfig::from_settings(own)?),
+            kubernetes::KIND => {
+                Settings::Kubernetes(kubernetes::KubernetesConfig::from_settings(name, own)?)
+            }
+            _ => {
+                return Err(CollectError::Config(
+                    check_kind(kind).err().unwrap_or_default(),
+                ))
+            }
+        })
+    }
+
+    /// The kind string.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Settings::Billing(_) => collectors::billing::KIND,
+            Settings::Dcgm(_) => collectors::dcgm::KIND,
+            Settings::Kubernetes(_) => collectors::kubernetes::KIND,
+        }
+    }
+
+    /// Build the collector named `name`.
+    pub fn build(&self, name: &str) -> Result<Box<dyn Collector>, CollectError> {
+        use collectors::{billing, dcgm, kubernetes};
+        Ok(match self {
+            Settings::Billing(c) => Box::new(billing::BillingCollector::new(name, c.clone())),
+            Settings::Dcgm(c) => Box::new(dcgm::DcgmCollector::new(name, c.clone())?),
+            Settings::Kubernetes(c) => {
+                Box::new(kubernetes::KubernetesCollector::new(name, c.clone()))
+            }
+        })
+    }
+}
+
+/// An entry without the [`COMMON_KEYS`]: what a kind's settings are read from.
+fn without_common_keys(entry: &toml_edit::Table) -> toml_edit::Table {
+    let mut own = entry.clone();
+    for key in COMMON_KEYS {
+        own.remove(key);
+    }
+    own
+}
+
+/// An entry's TOML text without the [`COMMON_KEYS`].
+pub(crate) fn own_settings(config_toml: &str) -> Result<toml_edit::Table, CollectError> {
+    let doc: toml_edit::DocumentMut = config_toml
+        .parse()
+        .map_err(|e: toml_edit::TomlError| CollectError::Config(one_line(&e.to_string())))?;
+    Ok(without_common_keys(doc.as_table()))
+}
+
+/// Read a kind's settings (its `FileConfig`, which denies unknown fields) from the entry's own
+/// table.
+pub(crate) fn read_settings<T: serde::de::DeserializeOwned>(
+    own: &toml_edit::Table,
+) -> Result<T, CollectError> {
+    use serde::de::IntoDeserializer;
+    let value = toml_edit::Value::InlineTable(own.clone().into_inline_table());
+    T::deserialize(value.into_deserializer())
+        .map_err(|e| CollectError::Config(one_line(&e.to_string())))
+}
+
+fn one_line(text: &str) -> String {
+    text.trim().replace('\n', " ")
+}
+
+/// Build the collector for an entry given as TOML text (its `type` and `name` may be in it;
+/// `kind` and `name` are what count).
 pub fn build(
     kind: &str,
     name: &str,
     config_toml: &str,
 ) -> Result<Box<dyn Collector>, CollectError> {
-    match kind {
-        collectors::dcgm::KIND => Ok(Box::new(collectors::dcgm::DcgmCollector::from_toml(
-            name,
-            config_toml,
-        )?)),
-        collectors::kubernetes::KIND => Ok(Box::new(
-            collectors::kubernetes::KubernetesCollector::from_toml(name, config_toml)?,
-        )),
-        collectors::billing::KIND => Ok(Box::new(
-            collectors::billing::BillingCollector::from_toml(name, config_toml)?,
-        )),
-        _ => Err(CollectError::Config(
-            check_kind(kind).err().unwrap_or_default(),
-        )),
-    }
+    Settings::parse(kind, name, &own_settings(config_toml)?)?.build(name)
 }
 
 #[cfg(test)]
@@ -194,5 +393,81 @@ mod tests {
         assert_eq!((c.kind(), c.name()), ("dcgm", "gpu-farm"));
         let c = build("kubernetes", "rdu", "kubeconfig = \"/etc/kc\"\n").unwrap();
         assert_eq!((c.kind(), c.name()), ("kubernetes", "rdu"));
+    }
+
+    fn table(text: &str) -> toml_edit::Table {
+        text.parse::<toml_edit::DocumentMut>()
+            .unwrap()
+            .as_table()
+            .clone()
+    }
+
+    /// `type`, `name` and `interval_secs` are read once, here; the kind sees only its own
+    /// settings, and every problem of an entry is named at once.
+    #[test]
+    fn entries_read_the_common_fields_once_and_name_every_problem() {
+        let e = Entry::parse(&table(
+            "type = \"kubernetes\"\nname = \"rdu\"\ninterval_secs = 30\nkubeconfig = \"/k\"\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            (e.kind(), e.name.as_str(), e.interval_secs),
+            ("kubernetes", "rdu", 30)
+        );
+        let Settings::Kubernetes(k) = &e.settings else {
+            panic!("{e:?}")
+        };
+        assert_eq!(k.cluster, "rdu", "the cluster defaults to the entry's name");
+        let c = e.build().unwrap();
+        assert_eq!((c.kind(), c.name()), ("kubernetes", "rdu"));
+        let e = Entry::parse(&table("type = \"billing\"\nname = \"f\"\ndir = \"/x\"\n")).unwrap();
+        assert_eq!(e.interval_secs, DEFAULT_INTERVAL_SECS);
+
+        let problems = Entry::parse(&table(
+            "type = \"dcgm\"\ninterval_secs = 5\nendpoints = [\"nope\"]\n",
+        ))
+        .unwrap_err();
+        let text: Vec<String> = problems
+            .iter()
+            .map(|p| format!("{:?}: {}", p.key, p.message))
+            .collect();
+        assert_eq!(text.len(), 3, "{text:#?}");
+        assert!(text[0].starts_with("None: needs `name`"), "{text:#?}");
+        assert!(
+            text[1].starts_with("Some(\"interval_secs\"): must be within 10..=3600, got 5"),
+            "{text:#?}"
+        );
+        assert!(
+            text[2]
+                .starts_with("None: dcgm collector `unnamed`: endpoints[0]: `nope` is not a URL"),
+            "{text:#?}"
+        );
+        let problems = Entry::parse(&table(
+            "type = \"slurm\"\nname = 3\ninterval_secs = \"1m\"\n",
+        ))
+        .unwrap_err();
+        let keys: Vec<_> = problems.iter().map(|p| p.key).collect();
+        assert_eq!(
+            keys,
+            [Some("name"), Some("type"), Some("interval_secs")],
+            "{problems:#?}"
+        );
+        let e = Entry::parse(&table(
+            "type = \"billing\"\nname = \"f\"\nfolder = \"/x\"\n",
+        ))
+        .unwrap_err();
+        assert!(
+            e[0].message.contains("unknown field `folder`") && e[0].message.contains("`dir`"),
+            "{e:#?}"
+        );
+    }
+
+    /// Only a configuration error stops a collector; what the source answered may be usable
+    /// next time.
+    #[test]
+    fn only_config_errors_are_final() {
+        assert!(CollectError::Transient("timeout".into()).is_retryable());
+        assert!(CollectError::Data("no GPU found".into()).is_retryable());
+        assert!(!CollectError::Config("bad URL".into()).is_retryable());
     }
 }

@@ -21,6 +21,8 @@
 //! [[collectors]]
 //! type = "..."                  # a collector kind
 //! name = "..."                  # the source name it reports as
+//! interval_secs = 60            # how often it runs (10..=3600)
+//! ...                           # the kind's own settings
 //! ```
 
 use std::fmt;
@@ -30,14 +32,6 @@ use gpuledger_ledger::Settings;
 use gpuledger_web::WebConfig;
 use toml_edit::{ImDocument, Item, Table, Value};
 
-/// A pull collector's entry: its kind, its source name and its own settings.
-#[derive(Debug, Clone)]
-pub struct CollectorEntry {
-    pub kind: String,
-    pub name: String,
-    pub table: toml_edit::Table,
-}
-
 /// Everything the config file can set.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
@@ -45,7 +39,8 @@ pub struct Config {
     pub database_url: Option<String>,
     pub settings: Settings,
     pub web: WebConfig,
-    pub collectors: Vec<CollectorEntry>,
+    /// `[[collectors]]`, each checked as `serve` builds it.
+    pub collectors: Vec<gpuledger_collect::Entry>,
     /// `[ownership] assignments`: a CSV file, relative to the config file.
     pub assignments_file: Option<std::path::PathBuf>,
 }
@@ -701,29 +696,10 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                 let mut names = std::collections::BTreeSet::new();
                 for (i, t) in list.iter().enumerate() {
                     let prefix = format!("collectors[{i}]");
-                    let kind = c.string(t, &prefix, "type");
-                    let name = c.string(t, &prefix, "name");
-                    if kind.is_none() && t.get("type").is_none() {
-                        c.problem(t.span(), &prefix, "needs `type` (the collector kind)");
-                    }
-                    if name.is_none() && t.get("name").is_none() {
-                        c.problem(
-                            t.span(),
-                            &prefix,
-                            "needs `name` (the source name it reports as)",
-                        );
-                    }
-                    if let Some(k) = &kind {
-                        if let Err(e) = gpuledger_collect::check_kind(k) {
-                            c.problem(
-                                t.get("type").and_then(|i| i.span()),
-                                &join(&prefix, "type"),
-                                e,
-                            );
-                        }
-                    }
-                    if let Some(n) = &name {
-                        if !names.insert(n.clone()) {
+                    // Names must differ across entries, so this one check is made here.
+                    let name = t.get("name").and_then(|n| n.as_str());
+                    if let Some(n) = name.filter(|n| !n.trim().is_empty()) {
+                        if !names.insert(n.to_string()) {
                             c.problem(
                                 t.get("name").and_then(|i| i.span()),
                                 &join(&prefix, "name"),
@@ -731,12 +707,20 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                             );
                         }
                     }
-                    if let (Some(kind), Some(name)) = (kind, name) {
-                        cfg.collectors.push(CollectorEntry {
-                            kind,
-                            name,
-                            table: t.clone(),
-                        });
+                    match gpuledger_collect::Entry::parse(t) {
+                        Ok(entry) => cfg.collectors.push(entry),
+                        Err(problems) => {
+                            for p in problems {
+                                match p.key {
+                                    Some(key) => c.problem(
+                                        t.get(key).and_then(|i| i.span()).or(t.span()),
+                                        &join(&prefix, key),
+                                        p.message,
+                                    ),
+                                    None => c.problem(t.span(), &prefix, p.message),
+                                }
+                            }
+                        }
                     }
                 }
             }

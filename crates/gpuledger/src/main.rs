@@ -438,8 +438,7 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
     }
     let mut failed = 0;
     for entry in &cfg.collectors {
-        let text = entry.table.to_string();
-        let result = match gpuledger_collect::build(&entry.kind, &entry.name, &text) {
+        let result = match entry.build() {
             Ok(c) => c.collect_report().await,
             Err(e) => Err(e),
         };
@@ -451,13 +450,14 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
                 for p in report.problems {
                     eprintln!(
                         "collector `{}` ({}): part failed: {p}",
-                        entry.name, entry.kind
+                        entry.name,
+                        entry.kind()
                     );
                 }
             }
             Err(e) => {
                 failed += 1;
-                eprintln!("collector `{}` ({}): {e}", entry.name, entry.kind);
+                eprintln!("collector `{}` ({}): {e}", entry.name, entry.kind());
             }
         }
     }
@@ -531,41 +531,45 @@ async fn import_billing(file: PathBuf, force: bool, db: DbArgs) -> anyhow::Resul
     Ok(())
 }
 
+/// Check a config file as `serve` reads it, collectors built as `serve` builds them, and print
+/// every problem.
 fn check_config(file: PathBuf) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    match config::parse(&text) {
-        Ok(mut cfg) => {
-            let problems = config::read_assignments(&mut cfg, &file);
-            for p in &problems {
-                println!("{p}");
-            }
-            if !problems.is_empty() {
-                anyhow::bail!("{} problem(s) in the assignments file", problems.len());
-            }
-            let r = &cfg.settings.rates;
-            let o = &cfg.settings.ownership;
-            println!(
-                "{}: ok ({} collector(s), {} rate override(s), {} instance price(s), {} on-prem \
-                 rate(s), {} ownership rule(s), {} assignment(s), {} team(s))",
-                file.display(),
-                cfg.collectors.len(),
-                r.overrides.len(),
-                r.instance_overrides.len(),
-                r.onprem.len(),
-                o.rules.len(),
-                o.assignments.len(),
-                cfg.web.teams.len()
-            );
-            Ok(())
-        }
+    let mut cfg = match config::parse(&text) {
+        Ok(cfg) => cfg,
         Err(problems) => {
             for p in &problems {
                 println!("{}:{p}", file.display());
             }
             anyhow::bail!("{} problem(s) in {}", problems.len(), file.display())
         }
+    };
+    let mut problems = config::read_assignments(&mut cfg, &file);
+    if let Err(e) = pull::build_all(&cfg.collectors) {
+        problems.push(e.to_string());
     }
+    if !problems.is_empty() {
+        for p in &problems {
+            println!("{p}");
+        }
+        anyhow::bail!("{} problem(s) with {}", problems.len(), file.display());
+    }
+    let r = &cfg.settings.rates;
+    let o = &cfg.settings.ownership;
+    println!(
+        "{}: ok ({} collector(s), {} rate override(s), {} instance price(s), {} on-prem \
+         rate(s), {} ownership rule(s), {} assignment(s), {} team(s))",
+        file.display(),
+        cfg.collectors.len(),
+        r.overrides.len(),
+        r.instance_overrides.len(),
+        r.onprem.len(),
+        o.rules.len(),
+        o.assignments.len(),
+        cfg.web.teams.len()
+    );
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {

@@ -1,16 +1,14 @@
 //! Running pull collectors inside `serve`: each configured collector runs on its own interval,
 //! its observations take the same validation and storage path as a push (as the source named
 //! in its config entry), and a failing collector marks its source `error` and backs off while
-//! the others go on.
+//! the others go on; one whose configuration is wrong stops, saying what to fix.
 
 use std::time::Duration;
 
-use gpuledger_collect::Collector;
+use gpuledger_collect::{CollectError, Collector, Entry};
 use gpuledger_ledger::validate_collected;
 use gpuledger_model::{Observation, PushBody};
 use gpuledger_store::{IngestOutcome, Principal, Store};
-
-use crate::config::CollectorEntry;
 
 /// Store one run's observations as `principal` would push them. Host aliases and GPU counts go
 /// first, so that GPU counts see the GPUs reported under an alias and allocations on a host's
@@ -131,118 +129,134 @@ async fn canonical(path: &str) -> String {
         .unwrap_or_else(|_| path.to_string())
 }
 
-/// Build every configured collector, failing fast on a bad entry.
-pub fn build_all(
-    entries: &[CollectorEntry],
-) -> anyhow::Result<Vec<(Box<dyn Collector>, Duration)>> {
-    entries
-        .iter()
-        .map(|e| {
-            let interval = e
-                .table
-                .get("interval_secs")
-                .and_then(|i| i.as_integer())
-                .unwrap_or(60)
-                .clamp(10, 3600) as u64;
-            gpuledger_collect::build(&e.kind, &e.name, &e.table.to_string())
-                .map(|c| (c, Duration::from_secs(interval)))
-                .map_err(|err| anyhow::anyhow!("collector `{}` ({}): {err}", e.name, e.kind))
-        })
-        .collect()
+/// Build every configured collector, as `serve` runs them and `check-config` tries them; the
+/// error names every entry that could not be built.
+pub fn build_all(entries: &[Entry]) -> anyhow::Result<Vec<(Box<dyn Collector>, Duration)>> {
+    let mut built = Vec::with_capacity(entries.len());
+    let mut failed = Vec::new();
+    for e in entries {
+        match e.build() {
+            Ok(c) => built.push((c, Duration::from_secs(e.interval_secs))),
+            Err(err) => failed.push(format!("collector `{}` ({}): {err}", e.name, e.kind())),
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} collector(s) could not be built:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+    Ok(built)
 }
 
-/// Run one collector forever: first a backfill since the source's last success when it has
-/// been down for more than two intervals (collectors that keep history, e.g. Prometheus), then
-/// on its interval when healthy, with exponential backoff (up to ten intervals) after failures.
+/// Run one collector in the background; see [`run`].
 pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
-    tokio::spawn(async move {
-        let principal = Principal {
-            source: collector.name().to_string(),
-            teams: None,
-            kind: collector.kind().to_string(),
-        };
-        let mut failures: u32 = 0;
-        // After downtime, fill the gap from the source's history where it keeps one.
-        let since = store
-            .sources(chrono::Utc::now())
-            .await
-            .ok()
-            .and_then(|all| all.into_iter().find(|s| s.name == principal.source))
-            .and_then(|s| s.last_success)
-            .filter(|t| {
-                chrono::Utc::now() - *t
-                    > chrono::Duration::from_std(interval * 2).unwrap_or_default()
-            });
-        if let Some(since) = since {
-            if let Some(run) = collector.backfill(since) {
-                let now = chrono::Utc::now();
-                match run.await {
-                    Ok(report) => {
-                        let n = report.observations.len();
-                        match store_observations(&store, &principal, report.observations, now).await
-                        {
-                            Ok(_) => {
-                                tracing::info!(source = %principal.source, since = %since, observations = n, "backfilled after downtime")
-                            }
-                            Err(e) => {
-                                tracing::warn!(source = %principal.source, error = %e, "backfill could not be stored")
-                            }
+    tokio::spawn(run(store, collector, interval));
+}
+
+/// Run one collector until its configuration is found wrong: first a backfill since the
+/// source's last success when it has been down for more than two intervals (collectors that
+/// keep history, e.g. Prometheus), then on its interval when healthy, with exponential backoff
+/// (up to ten intervals) after failures that may pass. An error that is not retryable (a bad
+/// URL, a missing credentials file, a 4xx) stops it: retrying would only repeat the error, so
+/// the sources page and the log say what to fix, and the other collectors go on. Returns that
+/// error.
+pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration) -> CollectError {
+    let principal = Principal {
+        source: collector.name().to_string(),
+        teams: None,
+        kind: collector.kind().to_string(),
+    };
+    let mut failures: u32 = 0;
+    // After downtime, fill the gap from the source's history where it keeps one.
+    let since = store
+        .sources(chrono::Utc::now())
+        .await
+        .ok()
+        .and_then(|all| all.into_iter().find(|s| s.name == principal.source))
+        .and_then(|s| s.last_success)
+        .filter(|t| {
+            chrono::Utc::now() - *t > chrono::Duration::from_std(interval * 2).unwrap_or_default()
+        });
+    if let Some(since) = since {
+        if let Some(backfill) = collector.backfill(since) {
+            let now = chrono::Utc::now();
+            match backfill.await {
+                Ok(report) => {
+                    let n = report.observations.len();
+                    match store_observations(&store, &principal, report.observations, now).await {
+                        Ok(_) => {
+                            tracing::info!(source = %principal.source, since = %since, observations = n, "backfilled after downtime")
+                        }
+                        Err(e) => {
+                            tracing::warn!(source = %principal.source, error = %e, "backfill could not be stored")
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!(source = %principal.source, error = %e, "backfill failed")
-                    }
-                }
-            }
-        }
-        loop {
-            let now = chrono::Utc::now();
-            let result = match collector.collect_report().await {
-                Ok(report) => {
-                    // Parts that failed are named on the sources page; what worked is kept.
-                    if let Some(first) = report.problems.first() {
-                        let msg =
-                            format!("{} part(s) failed; first: {first}", report.problems.len());
-                        tracing::warn!(source = %principal.source, problems = report.problems.len(), first = %first, "collector run partly failed");
-                        let _ = store
-                            .record_source_error(&principal.source, &principal.kind, &msg, now)
-                            .await;
-                    }
-                    store_observations(&store, &principal, report.observations, now).await
-                }
-                Err(e) => Err(anyhow::anyhow!(e.to_string())),
-            };
-            match result {
-                Ok(outcome) => {
-                    failures = 0;
-                    tracing::debug!(
-                        source = %principal.source,
-                        gpus = outcome.accepted.gpus,
-                        samples = outcome.accepted.samples,
-                        rejected = outcome.rejected.len(),
-                        "collector run stored"
-                    );
                 }
                 Err(e) => {
-                    failures += 1;
-                    tracing::warn!(source = %principal.source, kind = %principal.kind, error = %e, failures, "collector run failed");
-                    if let Err(e2) = store
-                        .record_source_error(
-                            &principal.source,
-                            &principal.kind,
-                            &e.to_string(),
-                            now,
-                        )
-                        .await
-                    {
-                        tracing::warn!(source = %principal.source, error = %e2, "could not record the collector's error");
-                    }
+                    tracing::warn!(source = %principal.source, error = %e, "backfill failed")
                 }
             }
-            let wait = interval * 2u32.saturating_pow(failures.min(4)).min(10);
-            tokio::time::sleep(wait).await;
         }
-    });
+    }
+    loop {
+        let now = chrono::Utc::now();
+        let result = match collector.collect_report().await {
+            Ok(report) => {
+                // Parts that failed are named on the sources page; what worked is kept.
+                if let Some(first) = report.problems.first() {
+                    let msg = format!("{} part(s) failed; first: {first}", report.problems.len());
+                    tracing::warn!(source = %principal.source, problems = report.problems.len(), first = %first, "collector run partly failed");
+                    record_error(&store, &principal, &msg, now).await;
+                }
+                store_observations(&store, &principal, report.observations, now).await
+            }
+            Err(e) if !e.is_retryable() => {
+                tracing::error!(source = %principal.source, kind = %principal.kind, error = %e, "collector stopped: its configuration is wrong; fix its [[collectors]] entry and restart gpuledger");
+                let msg = format!(
+                    "stopped: {e}; fix this collector's [[collectors]] entry and restart gpuledger"
+                );
+                record_error(&store, &principal, &msg, now).await;
+                return e;
+            }
+            Err(e) => Err(e.into()),
+        };
+        match result {
+            Ok(outcome) => {
+                failures = 0;
+                tracing::debug!(
+                    source = %principal.source,
+                    gpus = outcome.accepted.gpus,
+                    samples = outcome.accepted.samples,
+                    rejected = outcome.rejected.len(),
+                    "collector run stored"
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(source = %principal.source, kind = %principal.kind, error = %e, failures, "collector run failed");
+                record_error(&store, &principal, &e.to_string(), now).await;
+            }
+        }
+        let wait = interval * 2u32.saturating_pow(failures.min(4)).min(10);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Mark the source `error` with `msg` on the sources page.
+async fn record_error(
+    store: &Store,
+    principal: &Principal,
+    msg: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    if let Err(e) = store
+        .record_source_error(&principal.source, &principal.kind, msg, now)
+        .await
+    {
+        tracing::warn!(source = %principal.source, error = %e, "could not record the collector's error");
+    }
 }
 
 #[cfg(test)]
@@ -409,6 +423,98 @@ mod billing_exports {
         store_observations(&store, &who, observe(&file), chrono::Utc::now())
             .await
             .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod runner {
+    use super::*;
+    use gpuledger_collect::CollectFuture;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// A source that fails every run with the same error, counting its runs.
+    struct Failing {
+        name: &'static str,
+        error: fn() -> CollectError,
+        runs: Arc<AtomicU32>,
+    }
+
+    impl Collector for Failing {
+        fn kind(&self) -> &'static str {
+            "dcgm"
+        }
+
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn collect(&self) -> CollectFuture<'_> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let error = (self.error)();
+            Box::pin(async move { Err(error) })
+        }
+    }
+
+    /// Regression: a collector whose configuration was wrong retried forever on its interval
+    /// with a warning each time. Now a configuration error stops it after one run, with the
+    /// reason on the sources page, while a collector with a passing failure keeps retrying.
+    #[tokio::test]
+    async fn a_config_error_stops_its_collector_instead_of_retrying_forever() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-pull-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(
+            &format!("sqlite://{}/p.db", dir.display()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let interval = Duration::from_millis(10);
+
+        let bad_runs = Arc::new(AtomicU32::new(0));
+        let bad = Failing {
+            name: "bad-url",
+            error: || CollectError::Config("endpoints[0]: `nope` is not a URL".into()),
+            runs: bad_runs.clone(),
+        };
+        let flaky_runs = Arc::new(AtomicU32::new(0));
+        let flaky = Failing {
+            name: "flaky",
+            error: || CollectError::Transient("connection refused".into()),
+            runs: flaky_runs.clone(),
+        };
+        let flaky = tokio::spawn(run(store.clone(), Box::new(flaky), interval));
+
+        let stopped = tokio::time::timeout(
+            Duration::from_secs(10),
+            run(store.clone(), Box::new(bad), interval),
+        )
+        .await
+        .expect("a configuration error stops the collector");
+        assert!(matches!(stopped, CollectError::Config(_)), "{stopped:?}");
+        assert_eq!(bad_runs.load(Ordering::SeqCst), 1, "not retried");
+        let sources = store.sources(chrono::Utc::now()).await.unwrap();
+        let shown = sources.iter().find(|s| s.name == "bad-url").unwrap();
+        let error = shown.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("stopped: endpoints[0]: `nope` is not a URL")
+                && error.contains("restart gpuledger"),
+            "{error}"
+        );
+
+        // The other collector goes on, retrying its passing failure.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while flaky_runs.load(Ordering::SeqCst) < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a retryable error is retried"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!flaky.is_finished());
+        flaky.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

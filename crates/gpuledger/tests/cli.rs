@@ -764,3 +764,61 @@ fn reattribute_applies_changed_rules_to_history_from_a_date() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// Regression: check-config said "ok" for collector entries that `serve` refused or that failed
+/// at every run, and a bad entry's own settings were never checked before it ran. Now it checks
+/// every entry as `serve` builds it and names every problem; `serve` refuses the same ones.
+#[test]
+fn config_check_names_every_bad_collector_entry_as_serve_does() {
+    let dir = tempdir("config-collectors");
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[[collectors]]\ntype = \"dcgm\"\nname = \"dcgm-lab\"\nendpoints = [\"not a url\"]\n\n\
+         [[collectors]]\ntype = \"kubernetes\"\nname = \"rdu\"\nkubeconfig = \"/k\"\n\
+         in_cluster = true\ninterval_secs = 5\n\n\
+         [[collectors]]\ntype = \"billing\"\nname = \"focus\"\ndir = \"exports\"\n",
+    )
+    .unwrap();
+    let out = bin().arg("check-config").arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for want in [
+        "c.toml:1:1: collectors[0]: dcgm collector `dcgm-lab`: endpoints[0]: `not a url` is not a URL",
+        "c.toml:6:1: collectors[1]: kubernetes collector `rdu`: set either `kubeconfig`",
+        "c.toml:11:17: collectors[1].interval_secs: must be within 10..=3600, got 5",
+    ] {
+        assert!(lines.iter().any(|l| l.contains(want)), "{want}\n{text}");
+    }
+    assert!(!text.contains("focus"), "the good entry passes: {text}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 problem(s)"));
+
+    // `serve` refuses the same file with the same problems, before it opens a database.
+    let mut child = bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve started with the bad collector entries");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("collector `dcgm-lab`: endpoints[0]")
+            && err.contains("collector `rdu`: set either")
+            && err.contains("collectors[1].interval_secs"),
+        "{err}"
+    );
+}

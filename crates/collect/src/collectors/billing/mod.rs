@@ -38,12 +38,6 @@ const MAX_FILES_PER_RUN: usize = 1000;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    #[serde(rename = "type")]
-    _kind: Option<String>,
-    #[serde(rename = "name")]
-    _name: Option<String>,
-    #[serde(rename = "interval_secs")]
-    _interval_secs: Option<u64>,
     dir: Option<PathBuf>,
     patterns: Option<Vec<String>>,
     settle_secs: Option<u64>,
@@ -62,8 +56,12 @@ pub struct BillingConfig {
 impl BillingConfig {
     /// Read and check a `[[collectors]]` entry's TOML text.
     pub fn from_toml(text: &str) -> Result<BillingConfig, CollectError> {
-        let raw: FileConfig = toml_edit::de::from_str(text)
-            .map_err(|e| CollectError::Config(e.to_string().trim().replace('\n', " ")))?;
+        BillingConfig::from_settings(&crate::own_settings(text)?)
+    }
+
+    /// Read and check an entry's own settings (the entry without [`crate::COMMON_KEYS`]).
+    pub fn from_settings(own: &toml_edit::Table) -> Result<BillingConfig, CollectError> {
+        let raw: FileConfig = crate::read_settings(own)?;
         let dir = raw.dir.ok_or_else(|| {
             CollectError::Config(
                 "set `dir` to the folder the billing exports are delivered to".into(),
@@ -94,11 +92,16 @@ pub struct BillingCollector {
 }
 
 impl BillingCollector {
+    /// Build from a `[[collectors]]` entry's TOML text.
     pub fn from_toml(name: &str, text: &str) -> Result<BillingCollector, CollectError> {
-        Ok(BillingCollector {
+        Ok(BillingCollector::new(name, BillingConfig::from_toml(text)?))
+    }
+
+    pub fn new(name: &str, config: BillingConfig) -> BillingCollector {
+        BillingCollector {
             name: name.to_string(),
-            config: BillingConfig::from_toml(text)?,
-        })
+            config,
+        }
     }
 
     /// One pass over the folder: the settled files, newest first (at most

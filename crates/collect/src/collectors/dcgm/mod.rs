@@ -43,17 +43,11 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// Points per series in one `query_range` request (Prometheus refuses more than 11,000).
 const BACKFILL_POINTS_PER_REQUEST: i64 = 120;
 
-/// The entry's settings as written. `type`, `name` and `interval_secs` belong to the
-/// `[[collectors]]` entry (the server's runner reads the interval).
+/// The entry's own settings as written (the fields every entry shares are read by
+/// [`crate::Entry`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    #[serde(rename = "type")]
-    _kind: Option<String>,
-    #[serde(rename = "name")]
-    _name: Option<String>,
-    #[serde(rename = "interval_secs")]
-    _interval_secs: Option<u64>,
     #[serde(default)]
     endpoints: Vec<String>,
     prometheus_url: Option<String>,
@@ -92,8 +86,12 @@ pub struct DcgmConfig {
 impl DcgmConfig {
     /// Read and check a `[[collectors]]` entry's TOML text.
     pub fn from_toml(text: &str) -> Result<DcgmConfig, CollectError> {
-        let raw: FileConfig = toml_edit::de::from_str(text)
-            .map_err(|e| CollectError::Config(e.to_string().trim().replace('\n', " ")))?;
+        DcgmConfig::from_settings(&crate::own_settings(text)?)
+    }
+
+    /// Read and check an entry's own settings (the entry without [`crate::COMMON_KEYS`]).
+    pub fn from_settings(own: &toml_edit::Table) -> Result<DcgmConfig, CollectError> {
+        let raw: FileConfig = crate::read_settings(own)?;
         let mode =
             match (raw.endpoints.is_empty(), raw.prometheus_url) {
                 (false, Some(_)) => return Err(CollectError::Config(
@@ -198,13 +196,7 @@ pub struct DcgmCollector {
 impl DcgmCollector {
     /// Build from a `[[collectors]]` entry's TOML text.
     pub fn from_toml(name: &str, text: &str) -> Result<DcgmCollector, CollectError> {
-        let config = DcgmConfig::from_toml(text).map_err(|e| match e {
-            CollectError::Config(m) => {
-                CollectError::Config(format!("dcgm collector `{name}`: {m}"))
-            }
-            other => other,
-        })?;
-        DcgmCollector::new(name, config)
+        DcgmCollector::new(name, DcgmConfig::from_toml(text)?)
     }
 
     pub fn new(name: &str, config: DcgmConfig) -> Result<DcgmCollector, CollectError> {

@@ -51,12 +51,6 @@ pub const KIND: &str = "kubernetes";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    #[serde(rename = "type")]
-    _kind: Option<String>,
-    #[serde(rename = "name")]
-    _name: Option<String>,
-    #[serde(rename = "interval_secs")]
-    _interval_secs: Option<u64>,
     cluster: Option<String>,
     kubeconfig: Option<PathBuf>,
     context: Option<String>,
@@ -102,8 +96,16 @@ pub struct KubernetesConfig {
 impl KubernetesConfig {
     /// Read and check a `[[collectors]]` entry's TOML text; `name` is the entry's name.
     pub fn from_toml(name: &str, text: &str) -> Result<KubernetesConfig, CollectError> {
-        let raw: FileConfig = toml_edit::de::from_str(text)
-            .map_err(|e| CollectError::Config(e.to_string().trim().replace('\n', " ")))?;
+        KubernetesConfig::from_settings(name, &crate::own_settings(text)?)
+    }
+
+    /// Read and check an entry's own settings (the entry without [`crate::COMMON_KEYS`]);
+    /// `name` is the entry's name, the default cluster name.
+    pub fn from_settings(
+        name: &str,
+        own: &toml_edit::Table,
+    ) -> Result<KubernetesConfig, CollectError> {
+        let raw: FileConfig = crate::read_settings(own)?;
         let access = match (raw.kubeconfig, raw.in_cluster) {
             (Some(_), true) => {
                 return Err(CollectError::Config(
@@ -213,13 +215,10 @@ pub struct KubernetesCollector {
 impl KubernetesCollector {
     /// Build from a `[[collectors]]` entry's TOML text.
     pub fn from_toml(name: &str, text: &str) -> Result<KubernetesCollector, CollectError> {
-        let config = KubernetesConfig::from_toml(name, text).map_err(|e| match e {
-            CollectError::Config(m) => {
-                CollectError::Config(format!("kubernetes collector `{name}`: {m}"))
-            }
-            other => other,
-        })?;
-        Ok(KubernetesCollector::new(name, config))
+        Ok(KubernetesCollector::new(
+            name,
+            KubernetesConfig::from_toml(name, text)?,
+        ))
     }
 
     pub fn new(name: &str, config: KubernetesConfig) -> KubernetesCollector {
