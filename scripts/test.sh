@@ -2,9 +2,10 @@
 # Runs every test of gpuledger on a fresh machine: installs and starts what the tests need,
 # then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
 #
-# Needs: a Rust toolchain (cargo). Installs when missing (Debian packages): PostgreSQL,
-# Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
-# collector's test (which starts its own Prometheus on 127.0.0.1).
+# Needs: a Rust toolchain (cargo) and the corpus ($GPULEDGER_CORPUS, else ../shared/fixtures).
+# Installs when missing (Debian packages): PostgreSQL, Chromium with its WebDriver for the
+# browser end-to-end test, and Prometheus for the dcgm collector's test (which starts its own
+# Prometheus on 127.0.0.1).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
 # which the store suite runs against, each test in its own schema. The browser test starts its
 # own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
@@ -55,11 +56,18 @@ ensure_packages() {
   fi
 }
 
+export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
+[ -d "$GPULEDGER_CORPUS" ] || {
+  echo "no corpus at $GPULEDGER_CORPUS: set GPULEDGER_CORPUS to shared/fixtures" >&2
+  exit 1
+}
 ensure_postgres
 ensure_packages
+# Nothing the tests need may be skipped: without these switches a test whose browser,
+# Prometheus, corpus or PostgreSQL is missing prints "skipped" and passes; with them it fails.
 export GPULEDGER_REQUIRE_BROWSER=1 GPULEDGER_REQUIRE_PROMETHEUS=1
+export GPULEDGER_REQUIRE_CORPUS=1 GPULEDGER_REQUIRE_POSTGRES=1
 export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
-export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 
 log "cargo test (PostgreSQL: $GPULEDGER_TEST_PG_URL)"
 cargo test --workspace --locked "$@"

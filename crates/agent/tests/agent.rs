@@ -26,10 +26,17 @@ use serde_json::Value;
 // Helpers
 
 /// The corpus root (`…/shared/fixtures`): `$GPULEDGER_CORPUS`, else `<repo>/../shared/fixtures`.
+/// Absent, it is `None` (the test skips), or a failure when `GPULEDGER_REQUIRE_CORPUS` is set.
 fn corpus() -> Option<PathBuf> {
     let dir = std::env::var_os("GPULEDGER_CORPUS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"));
+    if !dir.join("nvidia-smi").is_dir() && std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
+        panic!(
+            "GPULEDGER_REQUIRE_CORPUS is set but there is no corpus at {}; set GPULEDGER_CORPUS to shared/fixtures",
+            dir.join("nvidia-smi").display()
+        );
+    }
     dir.join("nvidia-smi").is_dir().then_some(dir)
 }
 

@@ -35,6 +35,11 @@ fn corpus_dcgm() -> Option<PathBuf> {
     let dir = root.join("dcgm");
     if dir.is_dir() {
         Some(dir)
+    } else if std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
+        panic!(
+            "GPULEDGER_REQUIRE_CORPUS is set but there is no dcgm corpus at {}; set GPULEDGER_CORPUS to the fixtures folder",
+            dir.display()
+        );
     } else {
         eprintln!(
             "skipped: no dcgm corpus at {} (set GPULEDGER_CORPUS to the fixtures folder)",

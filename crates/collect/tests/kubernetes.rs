@@ -37,6 +37,11 @@ fn corpus_k8s() -> Option<PathBuf> {
     let dir = root.join("kubernetes");
     if dir.is_dir() {
         Some(dir)
+    } else if std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
+        panic!(
+            "GPULEDGER_REQUIRE_CORPUS is set but there is no kubernetes corpus at {}; set GPULEDGER_CORPUS to the fixtures folder",
+            dir.display()
+        );
     } else {
         eprintln!(
             "skipped: no kubernetes corpus at {} (set GPULEDGER_CORPUS to the fixtures folder)",

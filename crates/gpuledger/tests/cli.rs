@@ -267,12 +267,7 @@ fn serve_file(body: String) -> String {
 
 #[tokio::test]
 async fn serve_runs_a_configured_dcgm_collector() {
-    let corpus = std::env::var_os("GPULEDGER_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        });
-    let file = corpus.join("dcgm/aws-kops-nvidia-l4-full-scrape.prom");
+    let file = corpus_dir().join("dcgm/aws-kops-nvidia-l4-full-scrape.prom");
     let Ok(scrape) = std::fs::read_to_string(&file) else {
         eprintln!(
             "skipped: serve_runs_a_configured_dcgm_collector (no corpus at {})",
@@ -318,16 +313,38 @@ async fn serve_runs_a_configured_dcgm_collector() {
 #[path = "../../collect/tests/support/kube_api.rs"]
 mod kube_api;
 
+/// The corpus root: `$GPULEDGER_CORPUS`, else `<repo>/../shared/fixtures`. Tests skip what it
+/// lacks, unless `GPULEDGER_REQUIRE_CORPUS` is set: then a missing corpus fails here.
 fn corpus_dir() -> PathBuf {
-    std::env::var_os("GPULEDGER_CORPUS")
+    let dir = std::env::var_os("GPULEDGER_CORPUS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
+        });
+    if std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
+        for sub in ["dcgm", "kubernetes", "billing"] {
+            assert!(
+                dir.join(sub).is_dir(),
+                "GPULEDGER_REQUIRE_CORPUS is set but there is no corpus at {}; set GPULEDGER_CORPUS to the fixtures folder",
+                dir.join(sub).display()
+            );
+        }
+    }
+    dir
 }
 
 fn corpus_yaml(rel: &str) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(corpus_dir().join(rel)).ok()?;
+    let path = corpus_dir().join(rel);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() => {
+            panic!(
+                "GPULEDGER_REQUIRE_CORPUS is set but {}: {e}",
+                path.display()
+            )
+        }
+        Err(_) => return None,
+    };
     Some(serde_yaml::from_str(&text).unwrap())
 }
 
