@@ -314,6 +314,12 @@ mod tests {
             });
         let file = corpus.join("pricing/skypilot-catalog-v7-aws-vms-gpu-subset.csv");
         let Ok(text) = std::fs::read_to_string(&file) else {
+            assert!(
+                std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_none(),
+                "GPULEDGER_REQUIRE_CORPUS is set but {} is missing (set GPULEDGER_CORPUS to \
+                 the fixtures folder)",
+                file.display()
+            );
             eprintln!("skipped: no corpus at {}", file.display());
             return;
         };
