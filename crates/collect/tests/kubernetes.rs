@@ -486,8 +486,15 @@ async fn watch_lists_nodes_and_pods_then_follows_events_and_relists_on_410() {
     assert_eq!((t4.count, t4.model.as_deref()), (2, Some("Tesla T4")));
     assert_eq!(t4.cluster.as_deref(), Some("qa-cluster"));
     assert_eq!(t4.memory_mib, Some(15360));
-    // MIG instances are not extra GPUs: the mixed-strategy A100 is one GPU.
-    assert_eq!(hosts["qa-mig-worker-gpu-a100"].count, 1);
+    // MIG instances are not extra GPUs: the mixed-strategy A100 is one GPU, and its layout is
+    // reported with it (it used to be parsed and dropped).
+    let a100 = &hosts["qa-mig-worker-gpu-a100"];
+    assert_eq!(a100.count, 1);
+    assert_eq!(
+        a100.mig_instances,
+        BTreeMap::from([("1g.5gb".to_string(), 2), ("2g.10gb".to_string(), 1)])
+    );
+    assert!(t4.mig_instances.is_empty());
     let a = allocations(&r);
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0].gpu_uuid, "placeholder:qa-mig-worker-gpu-a100:0");

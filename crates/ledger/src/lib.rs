@@ -4,13 +4,17 @@
 
 pub mod billing;
 pub mod catalog;
+pub mod facts;
+pub mod identity;
 pub mod ingest;
 pub mod merge;
+pub mod mig;
 pub mod ownership;
 pub mod rates;
 pub mod settings;
 pub mod summary;
 pub mod usedby;
+pub mod waste;
 
 pub use ingest::{
     decode_body, validate_body, validate_collected, BodyLimits, DecodeError, Rejection, Validated,

@@ -9,11 +9,12 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpuledger_model::{PushGpu, Rate};
 
+pub use crate::facts::Seen;
 use crate::ownership::{GpuFacts, Holder};
 use crate::settings::Settings;
 
 /// A GPU as stored: merged attributes plus derived owner, environment and rate.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuRecord {
     pub uuid: String,
     pub model: String,
@@ -43,14 +44,6 @@ pub struct GpuRecord {
     /// The workloads holding the GPU or its MIG instances now, oldest first (or the last one
     /// that did, when none does); kept by the store from the allocations.
     pub holders: Vec<Holder>,
-}
-
-/// The source that gave an attribute its current value, and when it last reported it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Seen {
-    pub value: String,
-    pub source: String,
-    pub at: DateTime<Utc>,
 }
 
 impl GpuRecord {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use gpuledger_model::{Rate, RateOrigin};
 
-use crate::ownership::Attr;
+use crate::facts::Attr;
 
 /// When the built-in table was last checked against its sources.
 pub const BUILTIN_RATES_AS_OF: &str = "2026-12-02";

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use gpuledger_model::{CostBasis, SummaryGroup, UNKNOWN};
+use serde::Serialize;
 
 /// What a summary groups by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +76,59 @@ pub struct GpuWindow {
 }
 
 impl GpuWindow {
+    /// Hours with unknown activity (present, neither busy nor idle).
+    pub fn unknown_hours(&self) -> i64 {
+        self.present_hours - self.known_hours
+    }
+
+    /// Mean hourly activity over the known hours; `None` when no hour is known (BRIEF section 4:
+    /// unknown hours are left out, never counted as 0).
+    pub fn avg_activity_pct(&self) -> Option<f64> {
+        (self.known_hours > 0).then(|| self.activity_sum / self.known_hours as f64)
+    }
+
+    /// Σ present hours × rate; `None` when the GPU has no rate (its hours are unpriced).
+    pub fn cost_usd(&self) -> Option<f64> {
+        self.usd_per_hour.map(|r| r * self.present_hours as f64)
+    }
+
+    /// Σ idle hours × rate; `None` without a rate.
+    pub fn idle_cost_usd(&self) -> Option<f64> {
+        self.usd_per_hour.map(|r| r * self.idle_hours as f64)
+    }
+
+    /// Σ allocated-and-idle hours × rate; `None` without a rate.
+    pub fn allocated_idle_cost_usd(&self) -> Option<f64> {
+        self.usd_per_hour
+            .map(|r| r * self.allocated_idle_hours as f64)
+    }
+
+    /// Add one hour rollup (activity `None` when unknown) with the idle threshold: the same
+    /// arithmetic the day rollups do in SQL, for views that read a GPU's hours directly.
+    pub fn add_hour(
+        &mut self,
+        activity_pct: Option<f64>,
+        allocated: bool,
+        idle_threshold_pct: f64,
+    ) {
+        self.present_hours += 1;
+        if allocated {
+            self.allocated_hours += 1;
+        }
+        if let Some(a) = activity_pct {
+            self.known_hours += 1;
+            self.activity_sum += a;
+            if is_idle(a, idle_threshold_pct) {
+                self.idle_hours += 1;
+                if allocated {
+                    self.allocated_idle_hours += 1;
+                }
+            } else {
+                self.busy_hours += 1;
+            }
+        }
+    }
+
     fn key(&self, by: GroupBy) -> String {
         let v = match by {
             GroupBy::Team => Some(self.team.as_str()),
@@ -84,6 +139,42 @@ impl GpuWindow {
         };
         v.unwrap_or(UNKNOWN).to_string()
     }
+}
+
+/// A GPU's figures over its hour rollups, priced at `usd_per_hour` (see [`GpuFigures`]).
+pub fn gpu_figures(
+    hours: &[gpuledger_model::HourPoint],
+    idle_threshold_pct: f64,
+    usd_per_hour: Option<f64>,
+    rate_basis: String,
+) -> gpuledger_model::GpuFigures {
+    let mut w = GpuWindow {
+        usd_per_hour,
+        ..Default::default()
+    };
+    for h in hours {
+        w.add_hour(h.activity_pct, h.allocated, idle_threshold_pct);
+    }
+    gpuledger_model::GpuFigures {
+        gpu_hours: w.present_hours,
+        busy_hours: w.busy_hours,
+        idle_hours: w.idle_hours,
+        unknown_hours: w.unknown_hours(),
+        allocated_hours: w.allocated_hours,
+        allocated_idle_hours: w.allocated_idle_hours,
+        avg_activity_pct: w.avg_activity_pct().map(|a| round(a, 2)),
+        usd_per_hour,
+        rate_basis,
+        cost_usd: w.cost_usd().map(|c| round(c, 2)),
+        idle_cost_usd: w.idle_cost_usd().map(|c| round(c, 2)),
+        allocated_idle_cost_usd: w.allocated_idle_cost_usd().map(|c| round(c, 2)),
+    }
+}
+
+/// An hour whose known activity is below the threshold is idle; at or above it, busy (BRIEF
+/// section 4). The SQL rollups compare `act_sum < threshold × act_n`, the same test.
+pub fn is_idle(activity_pct: f64, idle_threshold_pct: f64) -> bool {
+    activity_pct < idle_threshold_pct
 }
 
 /// Fold rows of the same GPU (one per owner period, in time order) into one row per GPU: counts
@@ -115,6 +206,45 @@ pub fn per_gpu(rows: Vec<GpuWindow>) -> Vec<GpuWindow> {
     out
 }
 
+/// One point of a fleet time series: counts over one bucket (an hour or a day).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SeriesPoint {
+    pub start: DateTime<Utc>,
+    /// Physical GPUs present at some hour of the bucket.
+    pub gpus: i64,
+    pub gpu_hours: i64,
+    pub busy_hours: i64,
+    pub idle_hours: i64,
+    pub known_hours: i64,
+    pub allocated_hours: i64,
+    /// Σ hourly activity over the known hours.
+    pub activity_sum: f64,
+}
+
+impl SeriesPoint {
+    /// Mean hourly activity over known hours, `None` when none is known.
+    pub fn avg_activity_pct(&self) -> Option<f64> {
+        (self.known_hours > 0).then(|| self.activity_sum / self.known_hours as f64)
+    }
+
+    /// Present hours with unknown activity.
+    pub fn unknown_hours(&self) -> i64 {
+        self.gpu_hours - self.known_hours
+    }
+
+    /// Add a later bucket into this one (days into weeks): hours add up; GPUs are the most
+    /// present in any of the buckets.
+    pub fn absorb(&mut self, d: &SeriesPoint) {
+        self.gpus = self.gpus.max(d.gpus);
+        self.gpu_hours += d.gpu_hours;
+        self.busy_hours += d.busy_hours;
+        self.idle_hours += d.idle_hours;
+        self.known_hours += d.known_hours;
+        self.allocated_hours += d.allocated_hours;
+        self.activity_sum += d.activity_sum;
+    }
+}
+
 #[derive(Default)]
 struct Acc {
     g: SummaryGroup,
@@ -136,16 +266,16 @@ impl Acc {
         g.gpu_hours += w.present_hours;
         g.busy_hours += w.busy_hours;
         g.idle_hours += w.idle_hours;
-        g.unknown_hours += w.present_hours - w.known_hours;
+        g.unknown_hours += w.unknown_hours();
         g.allocated_hours += w.allocated_hours;
         g.allocated_idle_hours += w.allocated_idle_hours;
-        match w.usd_per_hour {
-            Some(rate) => {
-                g.cost_usd += w.present_hours as f64 * rate;
-                g.idle_cost_usd += w.idle_hours as f64 * rate;
-                g.allocated_idle_cost_usd += w.allocated_idle_hours as f64 * rate;
+        match (w.cost_usd(), w.idle_cost_usd(), w.allocated_idle_cost_usd()) {
+            (Some(cost), Some(idle), Some(alloc_idle)) => {
+                g.cost_usd += cost;
+                g.idle_cost_usd += idle;
+                g.allocated_idle_cost_usd += alloc_idle;
             }
-            None => g.unpriced_gpu_hours += w.present_hours,
+            _ => g.unpriced_gpu_hours += w.present_hours,
         }
         if w.billed_hours > 0 {
             g.billed_gpu_hours += w.billed_hours;
@@ -172,7 +302,8 @@ impl Acc {
     }
 }
 
-fn round(v: f64, places: i32) -> f64 {
+/// `v` rounded to `places` decimals: how every figure is reported.
+pub fn round(v: f64, places: i32) -> f64 {
     let f = 10f64.powi(places);
     (v * f).round() / f
 }

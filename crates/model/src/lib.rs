@@ -12,9 +12,9 @@ pub use push::{
     AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, WorkloadContext,
 };
 pub use view::{
-    Allocation, AttributeProvenance, Conflict, CostBasis, GpuDetail, GpuState, GpuView, HourPoint,
-    OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup, TeamInfo,
-    UNKNOWN, UNOWNED,
+    Allocation, AttributeProvenance, Conflict, CostBasis, GpuDetail, GpuFigures, GpuState, GpuView,
+    HourPoint, OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup,
+    TeamInfo, UNKNOWN, UNOWNED,
 };
 
 /// Seconds in an hour: rollups are per clock hour (UTC).
@@ -39,7 +39,14 @@ pub fn placeholder_uuid(host: &str, index: u32) -> String {
     format!("placeholder:{host}:{index}")
 }
 
-/// True for UUIDs made by [`placeholder_uuid`].
+/// The UUID given to the `k`-th placeholder MIG instance of profile `profile` on `host` (see
+/// [`HostGpus::mig_instances`]): `placeholder:<host>:mig-<profile>-<k>`. It is a placeholder
+/// ([`is_placeholder`]) but never a pool slot ([`parse_placeholder`] gives `None`).
+pub fn mig_placeholder_uuid(host: &str, profile: &str, k: u32) -> String {
+    format!("placeholder:{host}:mig-{profile}-{k}")
+}
+
+/// True for UUIDs made by [`placeholder_uuid`] and [`mig_placeholder_uuid`].
 pub fn is_placeholder(uuid: &str) -> bool {
     uuid.starts_with("placeholder:")
 }
@@ -98,5 +105,12 @@ mod tests {
         assert_eq!(parse_placeholder("placeholder::3"), None);
         assert_eq!(parse_placeholder("placeholder:n:x"), None);
         assert_eq!(parse_placeholder("GPU-1"), None);
+        let m = mig_placeholder_uuid("node-1", "1g.5gb", 2);
+        assert!(is_placeholder(&m));
+        assert_eq!(
+            parse_placeholder(&m),
+            None,
+            "a MIG placeholder is no pool slot"
+        );
     }
 }

@@ -29,6 +29,12 @@ pub struct HostGpus {
     pub account: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// MIG instances the host's GPUs are partitioned into, per profile (`1g.5gb` → 3), when
+    /// the source knows the layout but not the instances' UUIDs (a Kubernetes node under the
+    /// mixed or single MIG strategy). They show as placeholder MIG instances of the host's
+    /// GPUs until a UUID-aware source names the real ones.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_instances: BTreeMap<String, u32>,
 }
 
 /// Which source said it, when, and under which raw key (a metric name, an object path).

@@ -14,7 +14,7 @@ pub const UNOWNED: &str = "unowned";
 pub const UNKNOWN: &str = "unknown";
 
 /// Where a GPU's hourly rate came from (BRIEF section 4, first match wins).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RateOrigin {
     /// `[rates]` in the config, keyed by model family or exact model name.
@@ -59,6 +59,7 @@ pub enum RateOrigin {
         detail: String,
     },
     /// No rate applies: cost is unknown.
+    #[default]
     Unknown,
 }
 
@@ -114,7 +115,7 @@ impl RateOrigin {
 }
 
 /// An hourly rate with its origin.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rate {
     pub usd_per_hour: Option<f64>,
     pub origin: RateOrigin,
@@ -239,8 +240,33 @@ pub struct GpuDetail {
     #[serde(default)]
     pub cost_basis: CostBasis,
     pub mig_children: Vec<String>,
+    /// The window's figures of this GPU, by the same definitions as the summary.
+    #[serde(default)]
+    pub figures: GpuFigures,
     pub hours: Vec<HourPoint>,
     pub allocations: Vec<Allocation>,
+}
+
+/// One GPU's figures over a window (BRIEF section 4): the GPU page and `GET /api/v1/gpus/{uuid}`
+/// show these, and they equal the GPU's row in the inventory for the same range. A MIG
+/// instance is priced at its share of its GPU's rate (`rate_basis` says how).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuFigures {
+    pub gpu_hours: i64,
+    pub busy_hours: i64,
+    pub idle_hours: i64,
+    pub unknown_hours: i64,
+    pub allocated_hours: i64,
+    pub allocated_idle_hours: i64,
+    pub avg_activity_pct: Option<f64>,
+    /// The rate the costs use: the GPU's own, or a MIG instance's share of its GPU's.
+    pub usd_per_hour: Option<f64>,
+    /// Where that rate comes from, in words.
+    pub rate_basis: String,
+    /// `None` when no rate is known: unpriced, never $0.
+    pub cost_usd: Option<f64>,
+    pub idle_cost_usd: Option<f64>,
+    pub allocated_idle_cost_usd: Option<f64>,
 }
 
 /// One period of a GPU's owner history: `[from, to)`, hour-aligned.

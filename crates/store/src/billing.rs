@@ -274,7 +274,7 @@ impl Store {
                 day_floor(*lo),
                 day_floor(*hi - 1) + DAY_SECS,
                 Some(self.settings.idle_threshold_pct),
-                crate::ingest::REROLL_DAYS,
+                crate::rollup::REROLL_DAYS,
             )
             .await?;
         }

@@ -6,30 +6,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 use sqlx::Row;
 
-use crate::query::Window;
+pub use gpuledger_ledger::summary::SeriesPoint;
+use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
+
+use crate::query::{Window, HELD, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
-
-/// One point of a fleet time series: counts over one bucket (an hour or a day).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct SeriesPoint {
-    pub start: DateTime<Utc>,
-    /// Physical GPUs present at some hour of the bucket.
-    pub gpus: i64,
-    pub gpu_hours: i64,
-    pub busy_hours: i64,
-    pub idle_hours: i64,
-    pub known_hours: i64,
-    pub allocated_hours: i64,
-    /// Σ hourly activity over the known hours.
-    pub activity_sum: f64,
-}
-
-impl SeriesPoint {
-    /// Mean hourly activity over known hours, `None` when none is known.
-    pub fn avg_activity_pct(&self) -> Option<f64> {
-        (self.known_hours > 0).then(|| self.activity_sum / self.known_hours as f64)
-    }
-}
 
 /// Mean activity per weekday (Monday = 0) and UTC hour of day, with the hours behind each cell.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -38,31 +19,22 @@ pub struct Heatmap {
     pub hours: Vec<Vec<i64>>,
 }
 
-/// Allocated-but-idle hours of one workload in a window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct IdleWorkload {
-    pub workload: String,
-    pub kind: String,
-    /// The team the allocation names (who used it), if any.
-    pub used_by: Option<String>,
-    /// The owner team of the GPUs.
-    pub owner: String,
-    pub gpus: i64,
-    pub allocated_idle_hours: i64,
-    pub cost_usd: f64,
-}
-
-/// Allocation hours of one allocating team (the "used by" side) in a window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct UsedBy {
-    pub team: String,
-    pub gpus: i64,
-    pub allocated_hours: f64,
-}
-
 /// ` JOIN gpu_owners o ...`: the owner period of GPU `gpu` at time `at` (SQL expressions).
 fn owner_join(gpu: &str, at: &str) -> String {
     format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= {at} AND o.to_ts > {at}")
+}
+
+fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
+    Ok(SeriesPoint {
+        start: ts(r.try_get("t")?),
+        gpus: r.try_get("gpus")?,
+        gpu_hours: r.try_get("present")?,
+        busy_hours: r.try_get("busy")?,
+        idle_hours: r.try_get("idle")?,
+        known_hours: r.try_get("known")?,
+        allocated_hours: r.try_get("alloc")?,
+        activity_sum: r.try_get("act")?,
+    })
 }
 
 fn ts(secs: i64) -> DateTime<Utc> {
@@ -99,67 +71,66 @@ impl Store {
         daily: bool,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
+        if daily {
+            return self.daily_series(window, filters, now).await;
+        }
         let (lo, hi) = window.hours(now.timestamp());
-        let (join_d, clause_d, binds_d) = self.owned_clause(filters, 4, "d.gpu_id", "d.day");
-        let (join_h, clause_h, binds_h) = self.owned_clause(filters, 4, "h.gpu_id", "h.hour");
-        // A day bucket counts a GPU under its owner at the start of the day.
-        let binds = if daily { binds_d } else { binds_h };
-        let sql = if daily {
-            let (join, clause) = (join_d, clause_d);
-            format!(
-                "SELECT d.day AS t, COUNT(*) AS gpus, CAST(SUM(d.present_hours) AS BIGINT) AS present, \
-                 CAST(SUM(d.known_hours - d.idle_hours) AS BIGINT) AS busy, \
-                 CAST(SUM(d.idle_hours) AS BIGINT) AS idle, CAST(SUM(d.known_hours) AS BIGINT) AS known, \
-                 CAST(SUM(d.allocated_hours) AS BIGINT) AS alloc, \
-                 CAST(SUM(d.act_sum) AS DOUBLE PRECISION) AS act \
-                 FROM gpu_days d JOIN gpus g ON g.id = d.gpu_id{join} \
-                 WHERE d.day >= $1 AND d.day < $2 AND $3 = $3 AND g.mig_parent_uuid IS NULL{clause} \
-                 GROUP BY d.day ORDER BY d.day"
-            )
-        } else {
-            let (join, clause) = (join_h, clause_h);
-            format!(
-                "SELECT h.hour AS t, COUNT(*) AS gpus, COUNT(*) AS present, \
-                 CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum >= $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS busy, \
-                 CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS idle, \
-                 CAST(SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS BIGINT) AS known, \
-                 CAST(SUM(h.allocated) AS BIGINT) AS alloc, \
-                 CAST(SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS DOUBLE PRECISION) AS act \
-                 FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
-                 WHERE h.hour >= $1 AND h.hour < $2 AND g.mig_parent_uuid IS NULL{clause} \
-                 GROUP BY h.hour ORDER BY h.hour"
-            )
-        };
-        let (from, to) = if daily {
-            (gpuledger_model::day_floor(lo), hi)
-        } else {
-            (lo, hi)
-        };
+        let (join, clause, binds) = self.owned_clause(filters, 4, "h.gpu_id", "h.hour");
+        let sql = format!(
+            "SELECT h.hour AS t, COUNT(*) AS gpus, COUNT(*) AS present, \
+             CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum >= $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS busy, \
+             CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS idle, \
+             CAST(SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS BIGINT) AS known, \
+             CAST(SUM(h.allocated) AS BIGINT) AS alloc, \
+             CAST(SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS DOUBLE PRECISION) AS act \
+             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
+             WHERE h.hour >= $1 AND h.hour < $2 AND g.mig_parent_uuid IS NULL{clause} \
+             GROUP BY h.hour ORDER BY h.hour"
+        );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql)
             .persistent(false)
-            .bind(from)
-            .bind(to)
+            .bind(lo)
+            .bind(hi)
             .bind(self.settings.idle_threshold_pct);
         for b in binds {
             q = q.bind(b);
         }
-        q.fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(SeriesPoint {
-                    start: ts(r.try_get("t")?),
-                    gpus: r.try_get("gpus")?,
-                    gpu_hours: r.try_get("present")?,
-                    busy_hours: r.try_get("busy")?,
-                    idle_hours: r.try_get("idle")?,
-                    known_hours: r.try_get("known")?,
-                    allocated_hours: r.try_get("alloc")?,
-                    activity_sum: r.try_get("act")?,
-                })
-            })
-            .collect()
+        q.fetch_all(self.pool()).await?.iter().map(point).collect()
+    }
+
+    /// The daily trend: the rows behind the summary ([`crate::query::window_rows`]) summed per
+    /// UTC day, clipped to the window, so the bars add up to the headline figures. A GPU counts
+    /// under its owner at each hour, as in the summary.
+    async fn daily_series(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<SeriesPoint>> {
+        let (binds_at, union) = crate::query::window_rows(window, now);
+        let (clause, binds) = filters.clause_with(8, "o");
+        let sql = format!(
+            "WITH {SPLIT_DAYS} \
+             SELECT u.t AS t, COUNT(DISTINCT u.gpu_id) AS gpus, \
+             CAST(SUM(u.present) AS BIGINT) AS present, \
+             CAST(SUM(u.known - u.idle) AS BIGINT) AS busy, CAST(SUM(u.idle) AS BIGINT) AS idle, \
+             CAST(SUM(u.known) AS BIGINT) AS known, CAST(SUM(u.alloc) AS BIGINT) AS alloc, \
+             CAST(SUM(u.act) AS DOUBLE PRECISION) AS act \
+             FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+             JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
+             WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for b in binds_at {
+            q = q.bind(b);
+        }
+        q = q.bind(self.settings.idle_threshold_pct);
+        for b in binds {
+            q = q.bind(b);
+        }
+        q.fetch_all(self.pool()).await?.iter().map(point).collect()
     }
 
     /// Mean hourly activity per weekday × hour of day (UTC) over the window.
@@ -216,16 +187,20 @@ impl Store {
         Ok(map)
     }
 
-    /// For each physical GPU, the start of the last UTC day with a busy hour (`None`: no busy
-    /// hour within the rollup retention).
-    pub async fn last_busy_days(
+    /// For each physical GPU matching the filters, the last UTC day with a busy hour and the
+    /// last with any known activity (`None`: none within the rollup retention) — what
+    /// `ledger::waste::activity_finding` tells idle from unmeasured GPUs by.
+    pub async fn activity_evidence(
         &self,
         filters: &Filters,
-    ) -> Result<Vec<(String, Option<DateTime<Utc>>)>> {
+    ) -> Result<Vec<(String, ActivityEvidence)>> {
         let (clause, binds) = self.filtered_ids_clause(filters, 1);
         let sql = format!(
-            "SELECT g.uuid, (SELECT MAX(d.day) FROM gpu_days d WHERE d.gpu_id = g.id \
-             AND d.known_hours > d.idle_hours) AS last_busy \
+            "SELECT g.uuid, \
+             (SELECT MAX(d.day) FROM gpu_days d WHERE d.gpu_id = g.id \
+             AND d.known_hours > d.idle_hours) AS last_busy, \
+             (SELECT MAX(d.day) FROM gpu_days d WHERE d.gpu_id = g.id \
+             AND d.known_hours > 0) AS last_known \
              FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         let sql = self.sql(&sql);
@@ -239,13 +214,18 @@ impl Store {
             .map(|r| {
                 Ok((
                     r.try_get("uuid")?,
-                    r.try_get::<Option<i64>, _>("last_busy")?.map(ts),
+                    ActivityEvidence {
+                        last_busy_day: r.try_get("last_busy")?,
+                        last_known_day: r.try_get("last_known")?,
+                    },
                 ))
             })
             .collect()
     }
 
-    /// Allocated-but-idle hours per workload over the window, most expensive first.
+    /// Allocated-but-idle hours per workload over the window (filters select the GPUs' owners
+    /// at the hour), each shared hour split evenly among the workloads holding the GPU or its
+    /// MIG instances then, priced by `ledger::waste::idle_workloads`; most expensive first.
     pub async fn idle_workloads(
         &self,
         window: Window,
@@ -254,17 +234,15 @@ impl Store {
     ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
         let (clause, binds) = filters.clause_with(4, "o");
-        let join = owner_join("h.gpu_id", "h.hour");
+        let join = owner_join("x.gpu_id", "x.hour");
         let sql = format!(
-            "SELECT a.workload, a.kind, a.team AS used_by, o.team AS owner, \
-             COUNT(DISTINCT h.gpu_id) AS gpus, COUNT(*) AS hours, \
-             CAST(SUM(COALESCE(g.usd_per_hour, 0)) AS DOUBLE PRECISION) AS cost \
-             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
-             JOIN allocations a ON a.gpu_id = h.gpu_id AND a.start_ts < h.hour + 3600 \
-             AND (a.end_ts IS NULL OR a.end_ts > h.hour) \
-             WHERE h.hour >= $1 AND h.hour < $2 AND h.allocated = 1 AND h.act_n > 0 \
-             AND h.act_sum < $3 * h.act_n AND g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY a.workload, a.kind, a.team, o.team"
+            "{HELD} SELECT x.workload, MIN(x.kind) AS kind, x.team AS used_by, o.team AS owner, \
+             x.gpu_id, g.usd_per_hour, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) AS hours \
+             FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
+             JOIN gpu_hours h ON h.gpu_id = x.gpu_id AND h.hour = x.hour \
+             JOIN gpus g ON g.id = x.gpu_id{join} \
+             WHERE h.act_n > 0 AND h.act_sum < $3 * h.act_n{clause} \
+             GROUP BY x.workload, x.team, o.team, x.gpu_id, g.usd_per_hour"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql)
@@ -275,65 +253,23 @@ impl Store {
         for b in binds {
             q = q.bind(b);
         }
-        let mut out: Vec<IdleWorkload> = q
+        let shares = q
             .fetch_all(self.pool())
             .await?
             .iter()
             .map(|r| {
-                Ok(IdleWorkload {
+                Ok(IdleShare {
                     workload: r.try_get("workload")?,
                     kind: r.try_get("kind")?,
                     used_by: r.try_get("used_by")?,
                     owner: r.try_get("owner")?,
-                    gpus: r.try_get("gpus")?,
-                    allocated_idle_hours: r.try_get("hours")?,
-                    cost_usd: r.try_get("cost")?,
+                    gpu_id: r.try_get("gpu_id")?,
+                    usd_per_hour: r.try_get("usd_per_hour")?,
+                    hours: r.try_get("hours")?,
                 })
             })
-            .collect::<Result<_>>()?;
-        out.sort_by(|a, b| {
-            b.cost_usd
-                .total_cmp(&a.cost_usd)
-                .then(a.workload.cmp(&b.workload))
-        });
-        Ok(out)
-    }
-
-    /// Allocation hours per allocating team (who used GPUs), clipped to the window. Overlapping
-    /// allocations on one GPU are counted once per allocation here.
-    pub async fn used_by(
-        &self,
-        window: Window,
-        filters: &Filters,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<UsedBy>> {
-        let (lo, hi) = window.hours(now.timestamp());
-        let (clause, binds) = self.filtered_ids_clause(filters, 3);
-        let sql = format!(
-            "SELECT COALESCE(a.team, 'unknown') AS team, COUNT(DISTINCT a.gpu_id) AS gpus, \
-             CAST(SUM((CASE WHEN a.end_ts IS NULL OR a.end_ts > $2 THEN $2 ELSE a.end_ts END) - \
-             (CASE WHEN a.start_ts < $1 THEN $1 ELSE a.start_ts END)) AS DOUBLE PRECISION) / 3600.0 AS hours \
-             FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
-             WHERE a.start_ts < $2 AND (a.end_ts IS NULL OR a.end_ts > $1) \
-             AND g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY COALESCE(a.team, 'unknown') ORDER BY hours DESC"
-        );
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false).bind(lo).bind(hi);
-        for b in binds {
-            q = q.bind(b);
-        }
-        q.fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(UsedBy {
-                    team: r.try_get("team")?,
-                    gpus: r.try_get("gpus")?,
-                    allocated_hours: r.try_get("hours")?,
-                })
-            })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(gpuledger_ledger::waste::idle_workloads(&shares))
     }
 
     /// Allocations of the GPUs matching the filters that overlap the window, newest first.
@@ -363,7 +299,7 @@ impl Store {
         q.fetch_all(self.pool())
             .await?
             .iter()
-            .map(|r| crate::query::allocation_from_row(r, r.try_get("uuid")?))
+            .map(|r| crate::rows::allocation_from_row(r, r.try_get("uuid")?))
             .collect()
     }
 }

@@ -8,8 +8,12 @@
 
 mod billing;
 mod dash;
+mod identity;
 mod ingest;
+mod owners;
 mod query;
+mod rollup;
+mod rows;
 mod tokens;
 
 use std::borrow::Cow;
@@ -21,7 +25,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
 pub use billing::{BillingFile, BillingImport, UnseenSpend};
-pub use dash::{Heatmap, IdleWorkload, SeriesPoint, UsedBy};
+pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};
 pub use tokens::{Role, TokenInfo};
@@ -213,7 +217,7 @@ impl Store {
             })
             .connect_with(opts)
             .await?;
-        let store = Store {
+        let mut store = Store {
             pool,
             backend,
             settings: std::sync::Arc::new(settings),
@@ -222,6 +226,8 @@ impl Store {
         store.migrate().await?;
         if apply_settings {
             store.apply_settings().await?;
+        } else {
+            store.use_stored_settings().await?;
         }
         Ok(store)
     }
@@ -300,6 +306,7 @@ impl Store {
     /// day rollups when the idle threshold differs from the one they were built with.
     async fn apply_settings(&self) -> Result<()> {
         self.fill_holders_once().await?;
+        self.refresh_allocated_once().await?;
         self.rederive_all_gpus().await?;
         let want = self.settings.idle_threshold_pct.to_string();
         let have: Option<String> = sqlx::query_scalar(
@@ -319,6 +326,38 @@ impl Store {
             .bind(want)
             .execute(&self.pool)
             .await?;
+        }
+        Ok(())
+    }
+
+    /// A one-off command re-rolls with the settings the data was rolled up with, whatever its
+    /// own flags or config say: the idle threshold the day rollups bake in is read back from
+    /// the store (the server records it at start-up), so `import billing` run without the
+    /// server's config never rewrites day rows with the default threshold.
+    async fn use_stored_settings(&mut self) -> Result<()> {
+        let stored: Option<String> = sqlx::query_scalar(
+            &self.sql("SELECT value FROM meta WHERE key = 'idle_threshold_pct'"),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(stored) = stored else {
+            return Ok(());
+        };
+        let threshold: f64 = stored.parse().map_err(|_| {
+            StoreError::Invalid(format!(
+                "the stored idle threshold `{stored}` is not a number; start `gpuledger serve` \
+                 with the config once to record it again"
+            ))
+        })?;
+        if threshold != self.settings.idle_threshold_pct {
+            tracing::info!(
+                stored = threshold,
+                given = self.settings.idle_threshold_pct,
+                "using the idle threshold the rollups were built with"
+            );
+            let mut s = (*self.settings).clone();
+            s.idle_threshold_pct = threshold;
+            self.settings = std::sync::Arc::new(s);
         }
         Ok(())
     }

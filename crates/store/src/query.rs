@@ -3,87 +3,19 @@
 //! Aggregates come from the hour and day rollups; raw samples are never scanned. A window uses
 //! day rollups for its whole UTC days and hour rollups for the partial days at its edges.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
+use gpuledger_ledger::usedby::{split, HeldShare, UsedBy};
 use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
 use gpuledger_model::{
-    day_floor, hour_floor, Allocation, AttributeProvenance, GpuDetail, GpuState, GpuView,
-    HourPoint, OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, DAY_SECS,
-    HOUR_SECS,
+    day_floor, hour_floor, AttributeProvenance, GpuDetail, GpuState, GpuView, HourPoint,
+    OwnerPeriod, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS,
 };
-use sqlx::any::AnyRow;
 use sqlx::Row;
 
+use crate::rows::{allocation_from_row, gpu_from_row, ts, GPU_COLUMNS};
 use crate::{Result, Store, StoreError, OPEN_END};
-
-pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster, cloud, region, \
-    instance_type, serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
-    first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, account, \
-    holders";
-
-fn ts(secs: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
-}
-
-pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
-    let labels: String = row.try_get("labels")?;
-    let origin: String = row.try_get("rate_origin")?;
-    let seen: String = row.try_get("attr_seen")?;
-    let holders: String = row.try_get("holders")?;
-    let rec = GpuRecord {
-        uuid: row.try_get("uuid")?,
-        model: row.try_get("model")?,
-        memory_mib: row
-            .try_get::<Option<i64>, _>("memory_mib")?
-            .map(|m| m.max(0) as u64),
-        host: row.try_get("host")?,
-        cluster: row.try_get("cluster")?,
-        cloud: row.try_get("cloud")?,
-        region: row.try_get("region")?,
-        instance_type: row.try_get("instance_type")?,
-        account: row.try_get("account")?,
-        serial: row.try_get("serial")?,
-        pci_bus_id: row.try_get("pci_bus_id")?,
-        mig_parent_uuid: row.try_get("mig_parent_uuid")?,
-        mig_profile: row.try_get("mig_profile")?,
-        labels: serde_json::from_str(&labels).unwrap_or_default(),
-        source: row.try_get("source")?,
-        placeholder: row.try_get::<i64, _>("placeholder")? != 0,
-        first_seen: ts(row.try_get("first_seen")?),
-        last_seen: ts(row.try_get("last_seen")?),
-        team: row.try_get("team")?,
-        env: row.try_get("env")?,
-        owner_reason: row.try_get("owner_reason")?,
-        rate: Rate {
-            usd_per_hour: row.try_get("usd_per_hour")?,
-            origin: serde_json::from_str(&origin).unwrap_or(RateOrigin::Unknown),
-        },
-        seen: serde_json::from_str(&seen).unwrap_or_default(),
-        holders: serde_json::from_str(&holders).unwrap_or_default(),
-    };
-    Ok((row.try_get("id")?, rec))
-}
-
-/// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source,
-/// context`) of `gpu_uuid`.
-pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Allocation> {
-    Ok(Allocation {
-        gpu_uuid,
-        start: ts(r.try_get("start_ts")?),
-        end: r.try_get::<Option<i64>, _>("end_ts")?.map(ts),
-        workload: r.try_get("workload")?,
-        kind: r.try_get("kind")?,
-        user: r.try_get("user_name")?,
-        team: r.try_get("team")?,
-        owner: r.try_get("owner")?,
-        source: r.try_get("source")?,
-        context: r
-            .try_get::<Option<String>, _>("context")?
-            .and_then(|c| serde_json::from_str(&c).ok())
-            .unwrap_or_default(),
-    })
-}
 
 /// Filters shared by every query: each list matches any of its values; empty lists match all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -234,6 +166,17 @@ impl Store {
             .collect()
     }
 
+    /// One GPU (or MIG instance) as the lists show it.
+    pub async fn gpu(&self, uuid: &str, now: DateTime<Utc>) -> Result<Option<GpuView>> {
+        let row =
+            sqlx::query(&self.sql(&format!("SELECT {GPU_COLUMNS} FROM gpus WHERE uuid = $1")))
+                .bind(uuid.to_string())
+                .fetch_optional(self.pool())
+                .await?;
+        row.map(|r| gpu_from_row(&r).map(|(_, rec)| self.view(rec, now.timestamp())))
+            .transpose()
+    }
+
     /// One GPU with its provenance, MIG children, hourly series and allocations in `window`.
     pub async fn gpu_detail(
         &self,
@@ -327,8 +270,25 @@ impl Store {
                 values: v.into_iter().cloned().collect(),
             })
             .collect();
+        let gpu = self.view(rec, now.timestamp());
+        let (usd_per_hour, rate_basis) = match &gpu.mig_parent_uuid {
+            None => (gpu.usd_per_hour, format!("origin: {}", gpu.rate_origin)),
+            Some(parent) => {
+                let parent = self.gpu(parent, now).await?;
+                gpuledger_ledger::mig::instance_rate_with_basis(
+                    gpu.mig_profile.as_deref(),
+                    parent.as_ref(),
+                )
+            }
+        };
+        let figures = gpuledger_ledger::summary::gpu_figures(
+            &hours,
+            self.settings.idle_threshold_pct,
+            usd_per_hour,
+            rate_basis,
+        );
         Ok(Some(GpuDetail {
-            gpu: self.view(rec, now.timestamp()),
+            gpu,
             from: ts(window.from),
             to: ts(window.to),
             conflicts,
@@ -338,6 +298,7 @@ impl Store {
             billed_usd: (billed_usd * 100.0).round() / 100.0,
             cost_basis: gpuledger_model::CostBasis::of(billed_gpu_hours, hours.len() as i64),
             mig_children,
+            figures,
             hours,
             allocations,
         }))
@@ -388,117 +349,6 @@ impl Store {
         .collect()
     }
 
-    /// Re-decide owner and environment of every GPU from `from` on with the current rules,
-    /// rewriting the owner history after `from` (`gpuledger reattribute --from DATE`); history
-    /// before `from` keeps the owners it had. Returns how many GPUs' history changed.
-    pub async fn reattribute(&self, from: DateTime<Utc>) -> Result<usize> {
-        use crate::ingest::{holder_of, HolderRow, HOLDER_COLUMNS, HOLDER_FAMILY};
-        use gpuledger_ledger::ownership::holders_at;
-        let _writer = self.write_lock.lock().await;
-        let from = hour_floor(from.timestamp()).max(0);
-        let rows = sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus"))
-            .fetch_all(self.pool())
-            .await?;
-        let by_workload = self.settings.ownership.reads_workloads();
-        let mut tx = self.pool().begin().await?;
-        let mut changed = 0;
-        for row in &rows {
-            let (id, stored) = gpu_from_row(row)?;
-            let mut rec = stored.clone();
-            rec.rederive(&self.settings);
-            if rec != stored {
-                self.upsert_gpu(&mut tx, &rec, None).await?;
-            }
-            // The owner from `from` on: one period when rules read only the GPU; when they read
-            // the workloads holding it, replayed through the holders' changes since `from`.
-            let mut periods: Vec<(i64, GpuRecord)> = Vec::new();
-            if by_workload {
-                let allocations: Vec<gpuledger_ledger::ownership::Holder> =
-                    sqlx::query_as::<_, HolderRow>(
-                        &self.sql(&format!("{HOLDER_COLUMNS} {HOLDER_FAMILY}")),
-                    )
-                    .bind(id)
-                    .bind(rec.uuid.clone())
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .into_iter()
-                    .map(holder_of)
-                    .collect();
-                let mut events: BTreeSet<i64> = BTreeSet::from([from]);
-                for a in &allocations {
-                    events.insert(a.start.timestamp());
-                    events.extend(a.end.map(|e| e.timestamp()));
-                }
-                for t in events.into_iter().filter(|t| *t >= from) {
-                    let mut at = rec.clone();
-                    at.holders = holders_at(&allocations, t);
-                    at.rederive(&self.settings);
-                    let hour = hour_floor(t);
-                    match periods.last_mut() {
-                        // Several changes within an hour: the hour goes to the last.
-                        Some(last) if last.0 == hour => last.1 = at,
-                        Some(last) if last.1.team == at.team && last.1.env == at.env => {}
-                        _ => periods.push((hour, at)),
-                    }
-                }
-                // Merging within an hour may leave neighbours with the same owner.
-                periods.dedup_by(|b, a| a.1.team == b.1.team && a.1.env == b.1.env);
-            } else {
-                periods.push((from, rec.clone()));
-            }
-            let after: Vec<(i64, String, String)> = sqlx::query_as(&self.sql(
-                "SELECT from_ts, team, env FROM gpu_owners WHERE gpu_id = $1 AND to_ts > $2 \
-                 ORDER BY from_ts",
-            ))
-            .bind(id)
-            .bind(from)
-            .fetch_all(&mut *tx)
-            .await?;
-            let same =
-                after.len() == periods.len()
-                    && after.iter().zip(&periods).enumerate().all(|(i, (a, p))| {
-                        (i == 0 || a.0 == p.0) && a.1 == p.1.team && a.2 == p.1.env
-                    });
-            if same {
-                continue;
-            }
-            changed += 1;
-            sqlx::query(&self.sql("DELETE FROM gpu_owners WHERE gpu_id = $1 AND from_ts >= $2"))
-                .bind(id)
-                .bind(from)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                &self.sql("UPDATE gpu_owners SET to_ts = $2 WHERE gpu_id = $1 AND to_ts > $2"),
-            )
-            .bind(id)
-            .bind(from)
-            .execute(&mut *tx)
-            .await?;
-            for (i, (start, p)) in periods.iter().enumerate() {
-                let end = periods.get(i + 1).map(|n| n.0).unwrap_or(OPEN_END);
-                sqlx::query(&self.sql(
-                    "INSERT INTO gpu_owners (gpu_id, from_ts, to_ts, team, env, reason) \
-                     VALUES ($1, $2, $3, $4, $5, $6)",
-                ))
-                .bind(id)
-                .bind(*start)
-                .bind(end)
-                .bind(p.team.clone())
-                .bind(p.env.clone())
-                .bind(format!(
-                    "{} (re-attributed from {})",
-                    p.owner_reason,
-                    ts(from).format("%Y-%m-%d %H:%M UTC")
-                ))
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(changed)
-    }
-
     /// Per physical GPU and owner period counts over the window, from day rollups for whole
     /// days and hour rollups for the edges and for days split by a change of owner. A GPU whose
     /// owner or environment changed within the window has one row per owner, in time order;
@@ -509,47 +359,12 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<GpuWindow>> {
-        let (lo, hi) = window.hours(now.timestamp());
-        let mut d_lo = day_floor(lo);
-        if d_lo < lo {
-            d_lo += DAY_SECS;
-        }
-        let d_hi = day_floor(hi);
-        // Hours outside the whole days: [lo, d_lo) and [d_hi, hi); all of [lo, hi) when the
-        // window holds no whole day.
-        let (d_lo, d_hi, e1, e2) = if d_lo < d_hi {
-            (d_lo, d_hi, (lo, d_lo), (d_hi, hi))
-        } else {
-            (0, 0, (lo, hi), (0, 0))
-        };
+        let (binds_at, union) = window_rows(window, now);
         let (clause, binds) = filters.clause_with(8, "o");
         // Rows are summed per GPU and owner period before the join, so the join sees one row
-        // per (GPU, period). A day split by a change of owner is read from its hours; the
-        // other days from the day rollups. Each edge is its own range scan of the hour index
-        // (an OR of two ranges is not).
-        let hours = |from: &str, range: &str| {
-            format!(
-                "SELECT h.gpu_id, o.from_ts AS o_from, 1, \
-                 CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
-                 CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
-                 CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
-                 CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
-                 CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
-                 FROM {from} JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
-                 AND o.to_ts > h.hour WHERE {range}"
-            )
-        };
-        let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
-        let edge2 = hours("gpu_hours h", "h.hour >= $5 AND h.hour < $6");
-        let split_hours = hours(
-            "split s JOIN gpu_hours h ON h.gpu_id = s.gpu_id AND h.hour >= s.day \
-             AND h.hour < s.day + 86400",
-            "s.day >= $1 AND s.day < $2",
-        );
+        // per (GPU, period).
         let sql = format!(
-            "WITH split AS (\
-               SELECT DISTINCT gpu_id, from_ts - (from_ts % 86400) AS day FROM gpu_owners \
-               WHERE from_ts % 86400 <> 0) \
+            "WITH {SPLIT_DAYS} \
              SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
              x.b_hours, x.b_usd \
@@ -561,31 +376,17 @@ impl Store {
                CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem, \
                CAST(SUM(b_hours) AS BIGINT) AS b_hours, \
                CAST(SUM(b_usd) AS DOUBLE PRECISION) AS b_usd \
-               FROM (\
-                 SELECT d.gpu_id, o.from_ts AS o_from, d.present_hours AS present, \
-                 d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
-                 d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
-                 d.billed_hours AS b_hours, d.billed_usd AS b_usd \
-                 FROM gpu_days d JOIN gpu_owners o ON o.gpu_id = d.gpu_id \
-                 AND o.from_ts <= d.day AND o.to_ts > d.day \
-                 WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
-                   SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
-                 UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}\
-               ) u GROUP BY gpu_id, o_from\
+               FROM ({union}) u GROUP BY gpu_id, o_from\
              ) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql)
-            .persistent(false)
-            .bind(d_lo)
-            .bind(d_hi)
-            .bind(e1.0)
-            .bind(e1.1)
-            .bind(e2.0)
-            .bind(e2.1)
-            .bind(self.settings.idle_threshold_pct);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for b in binds_at {
+            q = q.bind(b);
+        }
+        q = q.bind(self.settings.idle_threshold_pct);
         for b in binds {
             q = q.bind(b);
         }
@@ -703,58 +504,95 @@ impl Store {
         );
         Ok(sqlx::query_scalar(&sql).fetch_all(self.pool()).await?)
     }
-
-    /// Re-derive owner, environment and rate of every GPU from its stored attributes.
-    pub(crate) async fn rederive_all_gpus(&self) -> Result<()> {
-        let rows = sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus"))
-            .fetch_all(self.pool())
-            .await?;
-        let mut changed: BTreeMap<i64, GpuRecord> = BTreeMap::new();
-        for row in &rows {
-            let (id, rec) = gpu_from_row(row)?;
-            let mut again = rec.clone();
-            again.rederive(&self.settings);
-            if again != rec {
-                changed.insert(id, again);
-            }
-        }
-        if changed.is_empty() {
-            return Ok(());
-        }
-        tracing::info!(
-            gpus = changed.len(),
-            "re-derived owner, environment or rate"
-        );
-        let at = Utc::now().timestamp();
-        let old: HashMap<i64, GpuRecord> = rows
-            .iter()
-            .filter_map(|r| gpu_from_row(r).ok())
-            .filter(|(id, _)| changed.contains_key(id))
-            .collect();
-        let mut tx = self.pool().begin().await?;
-        for (id, rec) in &changed {
-            let moved = old
-                .get(id)
-                .is_none_or(|o| o.team != rec.team || o.env != rec.env);
-            self.upsert_gpu(&mut tx, rec, moved.then_some(at)).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
 }
+
+/// Days of a window split by a change of owner (`split`): read from their hours, not their
+/// day rollup, so each hour counts under the owner of that hour.
+pub(crate) const SPLIT_DAYS: &str = "split AS (\
+       SELECT DISTINCT gpu_id, from_ts - (from_ts % 86400) AS day FROM gpu_owners \
+       WHERE from_ts % 86400 <> 0)";
+
+/// The rows behind every figure of a window: per physical or MIG GPU, owner period (`o_from`)
+/// and UTC day (`t`), the counts of BRIEF section 4 — from day rollups for whole days and hour
+/// rollups for the partial days at the window's edges and for days split by a change of owner.
+/// The summary sums them per GPU and owner period, the daily trend per day, so the trend's bars
+/// add up to the summary's figures. Binds `$1..$6` (returned, in order) and `$7`, the idle
+/// threshold; needs the [`SPLIT_DAYS`] CTE.
+pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
+    let (lo, hi) = window.hours(now.timestamp());
+    let mut d_lo = day_floor(lo);
+    if d_lo < lo {
+        d_lo += DAY_SECS;
+    }
+    let d_hi = day_floor(hi);
+    // Hours outside the whole days: [lo, d_lo) and [d_hi, hi); all of [lo, hi) when the
+    // window holds no whole day.
+    let (d_lo, d_hi, e1, e2) = if d_lo < d_hi {
+        (d_lo, d_hi, (lo, d_lo), (d_hi, hi))
+    } else {
+        (0, 0, (lo, hi), (0, 0))
+    };
+    let hours = |from: &str, range: &str| {
+        format!(
+            "SELECT h.gpu_id, o.from_ts AS o_from, (h.hour / 86400) * 86400, 1, \
+             CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
+             CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
+             CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
+             CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
+             CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
+             FROM {from} JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
+             AND o.to_ts > h.hour WHERE {range}"
+        )
+    };
+    let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
+    let edge2 = hours("gpu_hours h", "h.hour >= $5 AND h.hour < $6");
+    let split_hours = hours(
+        "split s JOIN gpu_hours h ON h.gpu_id = s.gpu_id AND h.hour >= s.day \
+         AND h.hour < s.day + 86400",
+        "s.day >= $1 AND s.day < $2",
+    );
+    let union = format!(
+        "SELECT d.gpu_id, o.from_ts AS o_from, d.day AS t, d.present_hours AS present, \
+         d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
+         d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
+         d.billed_hours AS b_hours, d.billed_usd AS b_usd \
+         FROM gpu_days d JOIN gpu_owners o ON o.gpu_id = d.gpu_id \
+         AND o.from_ts <= d.day AND o.to_ts > d.day \
+         WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
+           SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
+         UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}"
+    );
+    ([d_lo, d_hi, e1.0, e1.1, e2.0, e2.1], union)
+}
+
+/// The workloads holding each present hour (`x`: one row per physical GPU, hour and
+/// workload, with the kind and the team the allocation names, `''` when none) and how many
+/// there are (`n`), for the window `[$1, $2)`. An allocation on a MIG instance holds its
+/// physical GPU; the same workload reported by two sources holds once.
+pub(crate) const HELD: &str = "WITH a AS (\
+       SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
+       COALESCE(al.team, '') AS team \
+       FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
+       LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+       WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
+     x AS (\
+       SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
+       FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
+       AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
+       GROUP BY h.gpu_id, h.hour, a.workload), \
+     n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)";
 
 impl Store {
     /// "Used by" in a window: each present hour of the physical GPUs matching `filters`
     /// (filters select owners) split among the workloads that held the GPU or its MIG
-    /// instances in that hour, by the team each allocation names; hours nobody held go to
-    /// `unallocated`. The rows' costs add up to the GPUs' cost.
+    /// instances in that hour, by the team each allocation names (`ledger::usedby::split`);
+    /// hours nobody held go to `unallocated`. The rows' costs add up to the GPUs' cost.
     pub async fn used_by_cost(
         &self,
         window: Window,
         filters: &Filters,
         now: DateTime<Utc>,
-    ) -> Result<Vec<gpuledger_ledger::usedby::UsedBy>> {
-        use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
+    ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
         let (clause, binds) = filters.clause(1);
         let sql = format!(
@@ -767,28 +605,22 @@ impl Store {
         }
         let rates: HashMap<i64, Option<f64>> =
             q.fetch_all(self.pool()).await?.into_iter().collect();
-        // Each present hour with the workloads holding its GPU (a MIG instance's allocation
-        // holds its physical GPU), one row per workload; `n` holders share the hour evenly.
-        let held = "WITH a AS (\
-               SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, \
-               COALESCE(al.team, '') AS team \
-               FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
-               LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-               WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
-             x AS (\
-               SELECT h.gpu_id, h.hour, a.workload, MIN(a.team) AS team \
-               FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
-               AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
-               GROUP BY h.gpu_id, h.hour, a.workload), \
-             n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)";
         let shares: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(&format!(
-            "{held} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+            "{HELD} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
              FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
         )))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
+        let shares: Vec<HeldShare> = shares
+            .into_iter()
+            .map(|(gpu_id, team, gpu_hours)| HeldShare {
+                gpu_id,
+                team: Some(team),
+                gpu_hours,
+            })
+            .collect();
         let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, COUNT(*) FROM gpu_hours WHERE hour >= $1 AND hour < $2 GROUP BY gpu_id",
         ))
@@ -796,43 +628,7 @@ impl Store {
         .bind(hi)
         .fetch_all(self.pool())
         .await?;
-        let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-        // The shares of a held hour add up to one, so a GPU's shares add up to its held hours.
-        let mut held: HashMap<i64, f64> = HashMap::new();
-        for (gpu_id, _, share) in &shares {
-            *held.entry(*gpu_id).or_default() += share;
-        }
-        for (gpu_id, team, share) in shares {
-            let Some(rate) = rates.get(&gpu_id) else {
-                continue;
-            };
-            let team = match team.trim().to_ascii_lowercase() {
-                t if t.is_empty() => gpuledger_model::UNKNOWN.to_string(),
-                t => t,
-            };
-            let e = out.entry(team).or_default();
-            e.0 += share;
-            e.1 += share * rate.unwrap_or(0.0);
-        }
-        for (gpu_id, n) in present {
-            let Some(rate) = rates.get(&gpu_id) else {
-                continue;
-            };
-            let free = n - held.get(&gpu_id).copied().unwrap_or(0.0).round() as i64;
-            if free > 0 {
-                let e = out.entry(UNALLOCATED.to_string()).or_default();
-                e.0 += free as f64;
-                e.1 += free as f64 * rate.unwrap_or(0.0);
-            }
-        }
-        Ok(out
-            .into_iter()
-            .map(|(team, (gpu_hours, cost_usd))| UsedBy {
-                team,
-                gpu_hours,
-                cost_usd,
-            })
-            .collect())
+        Ok(split(&rates, &shares, &present))
     }
 }
 

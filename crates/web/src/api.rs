@@ -136,7 +136,7 @@ pub async fn gpu(
         return bad_request("filters do not apply to one GPU; use /api/v1/gpus to filter".into());
     }
     let now = state.now();
-    let detail = match state.store.gpu_detail(&uuid, p.window(now, 7), now).await {
+    let detail = match state.store.gpu_detail(&uuid, p.window(now), now).await {
         Ok(Some(d)) => d,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`")),
         Err(e) => return internal(e),
@@ -220,7 +220,7 @@ pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
     let by = p.group_by.unwrap_or(GroupBy::Team);
     let s = match state
         .store
-        .summary(p.window(now, 30), &p.filters, by, now)
+        .summary(p.window(now), &p.filters, by, now)
         .await
     {
         Ok(s) => s,
@@ -334,15 +334,15 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
 
 /// `GET /api/v1/used-by`: who used the GPUs matching the filters (filters select owners), and
 /// what that use cost: each present GPU-hour split evenly among the workloads that held the GPU
-/// or its MIG instances, by the team each allocation names; hours nobody held are
-/// `unallocated`. The rows' costs add up to the GPUs' cost in the window.
+/// or its MIG instances, by the team each allocation names (`ledger::usedby::split`); hours
+/// nobody held are `unallocated`. The rows' costs add up to the GPUs' cost in the window.
 pub async fn used_by(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
     let p = match Params::parse(q.as_deref(), &["from", "to", "range"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let rows = match state.store.used_by_cost(window, &p.filters, now).await {
         Ok(r) => r,
         Err(e) => return internal(e),
@@ -354,8 +354,10 @@ pub async fn used_by(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
         .map(|r| {
             serde_json::json!({
                 "team": r.team,
+                "gpus": r.gpus,
                 "gpu_hours": round(r.gpu_hours, 1000.0),
                 "cost_usd": round(r.cost_usd, 100.0),
+                "unpriced_gpu_hours": round(r.unpriced_gpu_hours, 1000.0),
             })
         })
         .collect();

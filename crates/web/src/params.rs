@@ -6,6 +6,9 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 use gpuledger_ledger::GroupBy;
 use gpuledger_store::{Filters, Window};
 
+/// The range every page and endpoint shows when none is given.
+pub const DEFAULT_RANGE_DAYS: i64 = 30;
+
 /// Parsed query parameters.
 #[derive(Debug, Clone, Default)]
 pub struct Params {
@@ -110,12 +113,13 @@ impl Params {
         Ok(p)
     }
 
-    /// The window, defaulting to the `default_days` before `now`.
-    pub fn window(&self, now: DateTime<Utc>, default_days: i64) -> Window {
+    /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now`: one default for
+    /// every page and endpoint, so a figure reads the same wherever it is shown.
+    pub fn window(&self, now: DateTime<Utc>) -> Window {
         let to = self.to.unwrap_or(now);
         let from = self
             .from
-            .unwrap_or(to - Duration::days(self.range_days.unwrap_or(default_days)));
+            .unwrap_or(to - Duration::days(self.range_days.unwrap_or(DEFAULT_RANGE_DAYS)));
         Window {
             from: from.timestamp(),
             to: to.timestamp(),

@@ -428,8 +428,10 @@ async fn page_every_page_renders_the_same_numbers_as_the_api() {
     );
     assert!(inv.contains(r#"<tr class="child">"#));
     assert!(
-        inv.contains(&format!(r#"href="/gpus/{A}?team=nlp&#38;team=vision""#)),
-        "filters carry over into links"
+        inv.contains(&format!(
+            r#"href="/gpus/{A}?team=nlp&#38;team=vision&#38;range=30d""#
+        )),
+        "filters and the range carry over into links"
     );
     let (_, csv) = app.get("/inventory?csv=inventory&sort=cost").await;
     assert_eq!(
@@ -625,13 +627,16 @@ async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
         assert_eq!(nlp[k], v, "nlp {k}: {nlp}");
     }
     // M: 4 present hours at $4.0966, no whole-GPU activity in MIG mode (unknown, not idle),
-    // MIG instances are not extra GPUs and cost nothing on their own.
+    // MIG instances are not extra GPUs and cost nothing on their own; the pods on its
+    // instances make all four of its hours allocated (none allocated-and-idle: unknown).
     let vision = group("vision");
     for (k, v) in [
         ("gpus", json!(1)),
         ("gpu_hours", json!(4)),
         ("idle_hours", json!(0)),
         ("unknown_hours", json!(4)),
+        ("allocated_hours", json!(4)),
+        ("allocated_idle_hours", json!(0)),
         ("cost_usd", json!(16.39)),
         ("idle_cost_usd", json!(0.0)),
     ] {
@@ -730,4 +735,318 @@ async fn worked_example_owner_used_by_and_shared_costs_to_the_cent() {
         Some((Some(2.0), Some(1.61)))
     );
     assert_eq!(u["cost_usd"].as_f64(), Some(19.4));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One definition per figure: every page renders the API's figures, under any filter.
+
+/// A fleet with something for every figure, made for the comparison below: A (nlp, prod, aws)
+/// idle and allocated with a MIG instance (3g.40gb) from `page_fleet`; B (vision, dev, gcp)
+/// missing; C (nlp, dev, aws) seen 13 days ago and now but never measured; D (vision, prod,
+/// aws) measured idle every day for 10 days and held by an nlp job; E (vision, dev, gcp) busy.
+async fn figures_fleet(app: &App) {
+    page_fleet(app).await;
+    let token = app.token("lab", &[]).await;
+    let c = "GPU-cccccccc-0000-0000-0000-000000000003";
+    let d = "GPU-dddddddd-0000-0000-0000-000000000004";
+    let e = "GPU-eeeeeeee-0000-0000-0000-000000000005";
+    let mut gpus = vec![
+        json!({"uuid": c, "model": "NVIDIA A100-SXM4-40GB", "host": "n3", "cluster": "c1", "cloud": "aws",
+               "labels": {"team": "nlp", "env": "dev"}, "observed_at": "2026-11-19T08:00:00Z"}),
+        json!({"uuid": c, "model": "NVIDIA A100-SXM4-40GB", "host": "n3", "cluster": "c1", "cloud": "aws",
+               "labels": {"team": "nlp", "env": "dev"}, "observed_at": "2026-12-02T11:00:00Z"}),
+        json!({"uuid": e, "model": "NVIDIA L4", "host": "n5", "cluster": "c2", "cloud": "gcp",
+               "labels": {"team": "vision", "env": "dev"}, "observed_at": "2026-11-30T00:00:00Z"}),
+    ];
+    let mut samples = vec![];
+    for day in 22..=32 {
+        let date = if day <= 30 {
+            format!("2026-11-{day:02}")
+        } else {
+            format!("2026-12-{:02}", day - 30)
+        };
+        gpus.push(json!({"uuid": d, "model": "NVIDIA L4", "host": "n4", "cluster": "c1", "cloud": "aws",
+                         "labels": {"team": "vision", "env": "prod"}, "observed_at": format!("{date}T09:00:00Z")}));
+        samples.push(json!({"gpu_uuid": d, "ts": format!("{date}T09:30:00Z"), "util_pct": 1}));
+        samples.push(json!({"gpu_uuid": d, "ts": format!("{date}T10:30:00Z"), "util_pct": 2}));
+        if day >= 30 {
+            samples.push(json!({"gpu_uuid": e, "ts": format!("{date}T00:30:00Z"), "util_pct": 80}));
+        }
+    }
+    gpus.push(json!({"uuid": d, "model": "NVIDIA L4", "host": "n4", "cluster": "c1", "cloud": "aws",
+                     "labels": {"team": "vision", "env": "prod"}, "observed_at": "2026-12-02T11:30:00Z"}));
+    let body = json!({
+        "gpus": gpus,
+        "samples": samples,
+        "allocations": [
+            {"gpu_uuid": d, "start": "2026-11-30T09:00:00Z", "end": "2026-11-30T11:00:00Z",
+             "workload": "train-17", "kind": "slurm_job", "user": "li", "team": "nlp"},
+            {"gpu_uuid": d, "start": "2026-11-30T10:00:00Z", "end": "2026-11-30T11:00:00Z",
+             "workload": "eval-3", "kind": "slurm_job", "user": "mo"}
+        ]
+    });
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rejected"], json!([]), "{reply}");
+}
+
+/// A CSV download as rows of (column → cell).
+fn csv_rows(text: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut r = csv::Reader::from_reader(text.as_bytes());
+    let header: Vec<String> = r.headers().unwrap().iter().map(str::to_string).collect();
+    r.records()
+        .map(|rec| {
+            header
+                .iter()
+                .cloned()
+                .zip(rec.unwrap().iter().map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+/// `$1,234.56` → 1234.56; `unknown` / `—` → None.
+fn money(s: &str) -> Option<f64> {
+    s.replace(['$', ','], "")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The text of the element with `id` in a page.
+fn by_id<'a>(html: &'a str, id: &str) -> &'a str {
+    let start = html
+        .find(&format!(r#"id="{id}">"#))
+        .unwrap_or_else(|| panic!("no #{id}"))
+        + id.len()
+        + 6;
+    &html[start..start + html[start..].find('<').unwrap()]
+}
+
+fn cents(v: f64) -> i64 {
+    (v * 100.0).round() as i64
+}
+
+#[tokio::test]
+async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
+    let app = app(WebConfig::default()).await;
+    figures_fleet(&app).await;
+    for filter in ["team=nlp", "env=dev", "cloud=aws", ""] {
+        let q = |extra: &str| {
+            let parts: Vec<&str> = [filter, extra]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect();
+            parts.join("&")
+        };
+        let summary = app
+            .get_json(&format!("/api/v1/summary?{}", q("group_by=team")))
+            .await;
+        let total = &summary["total"];
+        let f64_of = |v: &Value| v.as_f64().unwrap();
+
+        // Overview cards and the spend-by-team table.
+        let (_, html) = app.get(&format!("/?{}", q(""))).await;
+        assert_eq!(
+            money(by_id(&html, "cost")).map(cents),
+            Some(cents(f64_of(&total["cost_usd"]))),
+            "{filter}: overview cost"
+        );
+        assert_eq!(
+            money(by_id(&html, "idle-cost")).map(cents),
+            Some(cents(f64_of(&total["idle_cost_usd"]))),
+            "{filter}: overview idle cost"
+        );
+        assert_eq!(
+            money(by_id(&html, "alloc-idle-cost")).map(cents),
+            Some(cents(f64_of(&total["allocated_idle_cost_usd"]))),
+            "{filter}: overview allocated-idle cost"
+        );
+        assert_eq!(
+            by_id(&html, "gpu-hours").replace(',', ""),
+            total["gpu_hours"].to_string(),
+            "{filter}: overview GPU-hours"
+        );
+        let (_, csv) = app.get(&format!("/?{}", q("csv=spend-by-team"))).await;
+        for row in csv_rows(&csv) {
+            let g = summary["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["key"] == row["Team"].as_str())
+                .unwrap_or_else(|| panic!("{filter}: no group {}", row["Team"]));
+            assert_eq!(
+                money(&row["Cost"]).map(cents),
+                Some(cents(f64_of(&g["cost_usd"]))),
+                "{filter}: {row:?}"
+            );
+            assert_eq!(
+                row["GPU-hours"].replace(',', ""),
+                g["gpu_hours"].to_string()
+            );
+        }
+
+        // Teams: owned figures from the summary, used figures from used-by.
+        let used = app.get_json(&format!("/api/v1/used-by?{}", q(""))).await;
+        let (_, csv) = app.get(&format!("/teams?{}", q("csv=teams"))).await;
+        let rows = csv_rows(&csv);
+        assert!(
+            rows.iter().all(|r| r["Team"] != "unknown"),
+            "{filter}: one bucket, `unowned`, for no team: {rows:?}"
+        );
+        for row in &rows {
+            let team = row["Team"].as_str();
+            let owned = summary["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["key"] == team);
+            let cost = owned.map(|g| f64_of(&g["cost_usd"])).unwrap_or(0.0);
+            assert_eq!(
+                money(&row["Cost"]).map(cents),
+                Some(cents(cost)),
+                "{filter}: {row:?}"
+            );
+            let u = used["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["team"] == team);
+            let hours = u.map(|i| f64_of(&i["gpu_hours"])).unwrap_or(0.0);
+            let got: f64 = row["GPU-hours used"].parse().unwrap();
+            assert!(
+                (got - hours).abs() < 0.051,
+                "{filter}: {team} used {got} vs API {hours}"
+            );
+            let ucost = u.map(|i| f64_of(&i["cost_usd"])).unwrap_or(0.0);
+            assert_eq!(
+                money(&row["Cost of use"]).map(cents),
+                Some(cents(ucost)),
+                "{filter}: {row:?}"
+            );
+        }
+
+        // The team page's total is the summary of the filter and that team.
+        let (_, csv) = app
+            .get(&format!("/teams/nlp?{}", q("csv=team-by-env")))
+            .await;
+        let team_total = csv_rows(&csv)
+            .into_iter()
+            .find(|r| r["Environment"] == "total")
+            .unwrap();
+        let nlp = app
+            .get_json(&format!("/api/v1/summary?{}", q("team=nlp")))
+            .await;
+        assert_eq!(
+            money(&team_total["Cost"]).map(cents),
+            Some(cents(f64_of(&nlp["total"]["cost_usd"]))),
+            "{filter}: team page total"
+        );
+
+        // Usage: the per-day table adds up to the headline.
+        let (_, csv) = app.get(&format!("/usage?{}", q("csv=usage-series"))).await;
+        let rows = csv_rows(&csv);
+        let sum = |col: &str| -> i64 {
+            rows.iter()
+                .map(|r| r[col].replace(',', "").parse::<i64>().unwrap())
+                .sum()
+        };
+        assert_eq!(
+            sum("GPU-hours"),
+            total["gpu_hours"].as_i64().unwrap(),
+            "{filter}: usage"
+        );
+        assert_eq!(
+            sum("Idle h"),
+            total["idle_hours"].as_i64().unwrap(),
+            "{filter}: usage idle"
+        );
+        assert_eq!(
+            sum("Allocated h"),
+            total["allocated_hours"].as_i64().unwrap(),
+            "{filter}"
+        );
+
+        // Waste: the total is the savings API's, and unknown activity is never idle.
+        let savings = app.get_json(&format!("/api/v1/savings?{}", q(""))).await;
+        let (_, waste) = app.get(&format!("/waste?{}", q(""))).await;
+        assert_eq!(
+            money(by_id(&waste, "waste-total")).map(|v| v.round() as i64),
+            Some(f64_of(&savings["usd_per_month"]).round() as i64),
+            "{filter}: waste total"
+        );
+        for item in savings["items"].as_array().unwrap() {
+            if item["what"]
+                .as_str()
+                .unwrap()
+                .contains("A100-SXM4-40GB on n3")
+            {
+                assert_eq!(item["kind"], "no activity data", "{filter}: {item}");
+                assert_eq!(item["usd_per_month"], Value::Null, "{filter}: {item}");
+            }
+        }
+
+        // Inventory rows add up to the summary, and each GPU's own page (following the row's
+        // link, which carries the range) shows the same cost.
+        let (_, inv_html) = app.get(&format!("/inventory?{}", q(""))).await;
+        let (_, csv) = app.get(&format!("/inventory?{}", q("csv=inventory"))).await;
+        let mut inv_total = 0.0;
+        for row in csv_rows(&csv) {
+            let uuid = row["GPU"].trim().to_string();
+            if uuid.starts_with("MIG-") {
+                continue;
+            }
+            let cost = money(&row["Cost"]);
+            inv_total += cost.unwrap_or(0.0);
+            let at = inv_html.find(&format!(r#"href="/gpus/{uuid}?"#)).unwrap();
+            let href = &inv_html[at + 6..at + 6 + inv_html[at + 6..].find('"').unwrap()];
+            let (_, gpu) = app.get(&href.replace("&#38;", "&")).await;
+            assert_eq!(
+                money(by_id(&gpu, "cost")).map(cents),
+                cost.map(cents),
+                "{filter}: {uuid}"
+            );
+        }
+        assert_eq!(
+            cents(inv_total),
+            cents(f64_of(&total["cost_usd"])),
+            "{filter}: inventory"
+        );
+    }
+
+    // The savings list: the unmeasured A100 is its own finding; the measured idle L4 is idle.
+    let s = app.get_json("/api/v1/savings").await;
+    let items = s["items"].as_array().unwrap();
+    let kind_of = |host: &str| -> Vec<String> {
+        items
+            .iter()
+            .filter(|i| i["what"].as_str().unwrap().ends_with(host))
+            .map(|i| i["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(kind_of("on n3"), ["no activity data"]);
+    assert_eq!(kind_of("on n4"), ["idle GPU"]);
+
+    // A MIG instance's page prices its 3 of 7 slices of the H100, not a whole GPU.
+    let (_, mig) = app
+        .get("/gpus/MIG-aaaaaaaa-0000-0000-0000-0000000000a1")
+        .await;
+    assert!(mig.contains("3 of 7 slices"), "{mig}");
+    let parent = app.get_json(&format!("/api/v1/gpus/{A}")).await;
+    let rate = parent["usd_per_hour"].as_f64().unwrap();
+    assert!(
+        mig.contains(&format!("${:.4}/h", rate * 3.0 / 7.0)),
+        "{mig}"
+    );
+    // The API gives the same figures the page shows.
+    let api = app
+        .get_json("/api/v1/gpus/MIG-aaaaaaaa-0000-0000-0000-0000000000a1")
+        .await;
+    let fig = &api["figures"];
+    assert!((fig["usd_per_hour"].as_f64().unwrap() - rate * 3.0 / 7.0).abs() < 1e-9);
+    assert_eq!(
+        money(by_id(&mig, "cost")).map(cents),
+        fig["cost_usd"].as_f64().map(cents)
+    );
 }

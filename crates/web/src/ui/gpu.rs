@@ -39,7 +39,7 @@ pub async fn gpu_page(
         Err(r) => return r,
     };
     let now = state.now();
-    let window = p.window(now, 7);
+    let window = p.window(now);
     let (detail, sources) = match tokio::try_join!(
         state.store.gpu_detail(&uuid, window, now),
         state.store.sources(now)
@@ -50,15 +50,12 @@ pub async fn gpu_page(
     let Some(d) = detail else {
         return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`"));
     };
-    let mut p_frame = p.clone();
-    if p.range_days.is_none() && p.from.is_none() {
-        p_frame.range_days = Some(7);
-    }
-    let f = match frame(&state, &p_frame, &format!("/gpus/{uuid}"), "GPU", &sources).await {
+    let f = match frame(&state, &p, &format!("/gpus/{uuid}"), "GPU", &sources).await {
         Ok(f) => f,
         Err(r) => return r,
     };
     let g = &d.gpu;
+    let fig = &d.figures;
     let said_by = |attr: &str| {
         let by: Vec<String> = d
             .provenance
@@ -127,10 +124,10 @@ pub async fn gpu_page(
         ),
         (
             "Hourly rate".into(),
-            g.usd_per_hour
+            fig.usd_per_hour
                 .map(|r| format!("${r:.4}/h"))
                 .unwrap_or_else(|| "unknown".into()),
-            format!("origin: {}", g.rate_origin),
+            fig.rate_basis.clone(),
         ),
         (
             "Serial / PCI".into(),
@@ -165,14 +162,6 @@ pub async fn gpu_page(
         ));
     }
     let thr = state.store.settings().idle_threshold_pct;
-    let known: Vec<f64> = d.hours.iter().filter_map(|h| h.activity_pct).collect();
-    let avg = (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64);
-    let rate = g.usd_per_hour;
-    let alloc_idle = d
-        .hours
-        .iter()
-        .filter(|h| h.allocated && h.activity_pct.is_some_and(|a| a < thr))
-        .count();
     let labels: Vec<String> = d
         .hours
         .iter()
@@ -265,7 +254,7 @@ pub async fn gpu_page(
             Cell::text(a.kind.clone()),
             Cell::text(a.owner.clone().unwrap_or_else(|| "—".into())),
             Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
-            Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(gpuledger_ledger::usedby::user_team(a.team.as_deref())),
             Cell::text(context_text(&a.context)),
             Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
             Cell::text(
@@ -330,24 +319,23 @@ pub async fn gpu_page(
     let page = GpuPage {
         uuid: g.uuid.clone(),
         attrs,
-        hours: count(d.hours.len() as i64),
-        activity: pct(avg),
-        cost: rate
-            .map(|r| usd(r * d.hours.len() as f64))
-            .unwrap_or_else(|| "unknown".into()),
+        hours: count(fig.gpu_hours),
+        activity: pct(fig.avg_activity_pct),
+        cost: fig.cost_usd.map(usd).unwrap_or_else(|| "unknown".into()),
         cost_basis: if d.billed_gpu_hours > 0 {
             format!(
                 "{}: billed {} for {} of {} GPU-hours",
                 d.cost_basis.as_str(),
                 usd(d.billed_usd),
                 count(d.billed_gpu_hours),
-                count(d.hours.len() as i64)
+                count(fig.gpu_hours)
             )
         } else {
             "estimate: no billing export covers the range".into()
         },
-        alloc_idle_cost: rate
-            .map(|r| usd(r * alloc_idle as f64))
+        alloc_idle_cost: fig
+            .allocated_idle_cost_usd
+            .map(usd)
             .unwrap_or_else(|| "unknown".into()),
         activity_svg,
         memory_svg,

@@ -55,7 +55,7 @@ pub async fn inventory(State(state): State<AppState>, RawQuery(q): RawQuery) -> 
         }
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let store = &state.store;
     let (gpus, windows, sources) = match tokio::try_join!(
         store.list_gpus(&p.filters, true, now),
@@ -79,16 +79,8 @@ pub async fn inventory(State(state): State<AppState>, RawQuery(q): RawQuery) -> 
             None => physical.push(g),
         }
     }
-    let act = |u: &str| {
-        by_uuid
-            .get(u)
-            .and_then(|w| (w.known_hours > 0).then(|| w.activity_sum / w.known_hours as f64))
-    };
-    let cost = |u: &str| {
-        by_uuid
-            .get(u)
-            .and_then(|w| w.usd_per_hour.map(|r| r * w.present_hours as f64))
-    };
+    let act = |u: &str| by_uuid.get(u).and_then(|w| w.avg_activity_pct());
+    let cost = |u: &str| by_uuid.get(u).and_then(|w| w.cost_usd());
     match sort {
         "cost" => physical.sort_by(|a, b| {
             cost(&b.uuid)

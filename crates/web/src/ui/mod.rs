@@ -29,7 +29,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use gpuledger_model::{SourceStatus, SourceView};
 
-use crate::params::Params;
+use crate::params::{Params, DEFAULT_RANGE_DAYS};
 use crate::{error, AppState};
 
 /// `$1,234.56`; negative numbers keep their sign.
@@ -356,7 +356,12 @@ pub async fn frame(
             carry_pairs.push((name.into(), v.clone()));
         }
     }
-    if let Some(d) = p.range_days {
+    // Every link carries the range, the default one too: a GPU's cost on its own page is
+    // then the same figure as on the page that linked to it.
+    if let Some(d) = p
+        .range_days
+        .or((p.from.is_none() && p.to.is_none()).then_some(DEFAULT_RANGE_DAYS))
+    {
         carry_pairs.push(("range".into(), format!("{d}d")));
     }
     if let Some(f) = p.from {
@@ -384,13 +389,13 @@ pub async fn frame(
                 || (path.starts_with("/teams/") && *href == "/teams"),
         })
         .collect();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let days = (window.to.min(now.timestamp()) - window.from) as f64 / 86_400.0;
     let custom = p.from.is_some() || p.to.is_some();
     let ranges = [1, 7, 30, 90]
         .iter()
         .map(|d| {
-            let on = !custom && p.range_days.unwrap_or(30) == *d;
+            let on = !custom && p.range_days.unwrap_or(DEFAULT_RANGE_DAYS) == *d;
             (format!("{d}d"), format!("{d} days"), on)
         })
         .collect();
@@ -434,7 +439,7 @@ pub async fn frame(
                     .format("%Y-%m-%d %H:%M UTC"),
             )
         } else {
-            format!("last {} days", p.range_days.unwrap_or(30))
+            format!("last {} days", p.range_days.unwrap_or(DEFAULT_RANGE_DAYS))
         },
         rendered_at: now.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         idle_threshold: format!("{}", store.settings().idle_threshold_pct),

@@ -110,7 +110,7 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         Err(r) => return r,
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
     let (windows, gpus, sources, series) = match tokio::try_join!(
@@ -170,7 +170,7 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
                 color: "var(--unknown)".into(),
                 values: series
                     .iter()
-                    .map(|s| Some((s.gpu_hours - s.known_hours) as f64))
+                    .map(|s| Some(s.unknown_hours() as f64))
                     .collect(),
             },
         ],
@@ -186,17 +186,23 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
             col("Why", "The evidence in a sentence."),
             ncol(
                 "$/month",
-                "What it costs per month (see the Waste page for how).",
+                "What it costs per month (see the Waste page for how); unknown where no rate \
+                 is known or, for GPUs without activity data, where nobody knows if it is waste.",
             ),
         ],
     );
     for x in found.all.iter().take(8) {
         top_waste.push(vec![
-            Cell::text(x.kind),
-            Cell::text(x.what.clone()).link(x.href.clone()),
+            Cell::text(x.kind.label()),
+            Cell::text(x.what.clone()).link(x.evidence.clone()),
             Cell::text(x.team.clone()),
             Cell::text(x.detail.clone()),
-            Cell::num(usd0(x.usd_per_month), x.usd_per_month),
+            Cell::num(
+                x.usd_per_month
+                    .map(usd0)
+                    .unwrap_or_else(|| "unknown".into()),
+                x.usd_per_month.unwrap_or(-1.0),
+            ),
         ]);
     }
     let team_link = |k: &str| Some(f.link(&format!("/teams/{}", super::enc(k))));

@@ -7,6 +7,7 @@ use askama::Template;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use chrono::Duration;
+use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
 use gpuledger_ledger::GroupBy;
 use gpuledger_store::Window;
 
@@ -48,7 +49,7 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         Err(r) => return r,
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let store = &state.store;
     let n = now.timestamp();
     let this_week = Window {
@@ -61,7 +62,7 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
     };
     let (owned, used, wk, prev, sources) = match tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Team, now),
-        store.used_by(window, &p.filters, now),
+        store.used_by_cost(window, &p.filters, now),
         store.summary(this_week, &p.filters, GroupBy::Team, now),
         store.summary(last_week, &p.filters, GroupBy::Team, now),
         store.sources(now),
@@ -73,8 +74,11 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         Ok(f) => f,
         Err(r) => return r,
     };
-    let used: BTreeMap<&str, &gpuledger_store::UsedBy> =
-        used.iter().map(|u| (u.team.as_str(), u)).collect();
+    let used: BTreeMap<&str, &UsedBy> = used
+        .iter()
+        .filter(|u| u.team != UNALLOCATED)
+        .map(|u| (u.team.as_str(), u))
+        .collect();
     let act = |s: &gpuledger_model::Summary, k: &str| {
         s.groups
             .iter()
@@ -85,18 +89,29 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         "teams",
         &f,
         vec![
-            col("Team", "Owner team; follow it for its GPUs and workloads."),
+            col(
+                "Team",
+                "Owner team, and the team its allocations name; follow it for its GPUs and \
+                 workloads. `unowned`: GPUs no ownership rule places, and workloads that name no \
+                 team — one bucket for \"no team is known\".",
+            ),
             ncol(
                 "GPUs owned",
                 "Physical GPUs it owns that were present in the range.",
             ),
             ncol(
                 "GPUs used",
-                "Distinct GPUs its allocations held in the range (any owner).",
+                "Distinct GPUs its allocations held at a present hour of the range (any owner; \
+                 an allocation on a MIG instance holds its GPU).",
             ),
             ncol(
-                "Allocated h (used)",
-                "Hours of its allocations in the range, on any team's GPUs.",
+                "GPU-hours used",
+                "Its share of present GPU-hours in the range, on any team's GPUs: an hour shared \
+                 by several workloads is split evenly (the same figure as GET /api/v1/used-by).",
+            ),
+            ncol(
+                "Cost of use",
+                "Those hours × rate: what its use cost, whoever owns the GPUs.",
             ),
             ncol(
                 "Cost",
@@ -141,9 +156,13 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
                 u.map(|u| u.gpus as f64).unwrap_or(0.0),
             ),
             Cell::num(
-                u.map(|u| count(u.allocated_hours.round() as i64))
+                u.map(|u| format!("{:.1}", u.gpu_hours))
                     .unwrap_or_else(|| "0".into()),
-                u.map(|u| u.allocated_hours).unwrap_or(0.0),
+                u.map(|u| u.gpu_hours).unwrap_or(0.0),
+            ),
+            Cell::num(
+                u.map(|u| usd(u.cost_usd)).unwrap_or_else(|| usd(0.0)),
+                u.map(|u| u.cost_usd).unwrap_or(0.0),
             ),
             Cell::num(usd(g.cost_usd), g.cost_usd),
             Cell::num(super::overview::billed_text(&g), g.billed_usd),
@@ -177,7 +196,7 @@ pub async fn team_page(
         Err(r) => return r,
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let store = &state.store;
     let sources = match store.sources(now).await {
         Ok(s) => s,
@@ -230,8 +249,8 @@ pub async fn team_page(
     );
     for g in &gpus {
         let w = by_uuid.get(g.uuid.as_str());
-        let a = w.and_then(|w| (w.known_hours > 0).then(|| w.activity_sum / w.known_hours as f64));
-        let c = w.and_then(|w| w.usd_per_hour.map(|r| r * w.present_hours as f64));
+        let a = w.and_then(|w| w.avg_activity_pct());
+        let c = w.and_then(|w| w.cost_usd());
         table.push(vec![
             Cell::text(g.uuid.clone()).link(f.link(&format!("/gpus/{}", g.uuid))),
             Cell::text(g.model.clone()),
@@ -264,7 +283,7 @@ pub async fn team_page(
             Cell::text(a.kind.clone()),
             Cell::text(a.gpu_uuid.clone()).link(f.link(&format!("/gpus/{}", a.gpu_uuid))),
             Cell::text(a.user.clone().unwrap_or_else(|| "unknown".into())),
-            Cell::text(a.team.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(gpuledger_ledger::usedby::user_team(a.team.as_deref())),
             Cell::text(a.start.format("%Y-%m-%d %H:%M").to_string()),
             Cell::text(
                 a.end

@@ -31,15 +31,7 @@ fn weekly(days: Vec<SeriesPoint>) -> Vec<SeriesPoint> {
         let monday = day - (day + 3).rem_euclid(7);
         let start = chrono::DateTime::from_timestamp(monday * 86_400, 0).unwrap_or(d.start);
         match out.last_mut() {
-            Some(w) if w.start == start => {
-                w.gpus = w.gpus.max(d.gpus);
-                w.gpu_hours += d.gpu_hours;
-                w.busy_hours += d.busy_hours;
-                w.idle_hours += d.idle_hours;
-                w.known_hours += d.known_hours;
-                w.allocated_hours += d.allocated_hours;
-                w.activity_sum += d.activity_sum;
-            }
+            Some(w) if w.start == start => w.absorb(&d),
             _ => out.push(SeriesPoint { start, ..d }),
         }
     }
@@ -52,7 +44,7 @@ pub async fn usage(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         Err(r) => return r,
     };
     let now = state.now();
-    let window = p.window(now, 30);
+    let window = p.window(now);
     let store = &state.store;
     let span_days = (window.to.min(now.timestamp()) - window.from) / 86_400;
     let daily = span_days > 2;
@@ -157,10 +149,7 @@ pub async fn usage(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
             Cell::num(count(s.gpu_hours), s.gpu_hours as f64),
             Cell::num(count(s.busy_hours), s.busy_hours as f64),
             Cell::num(count(s.idle_hours), s.idle_hours as f64),
-            Cell::num(
-                count(s.gpu_hours - s.known_hours),
-                (s.gpu_hours - s.known_hours) as f64,
-            ),
+            Cell::num(count(s.unknown_hours()), s.unknown_hours() as f64),
             Cell::num(count(s.allocated_hours), s.allocated_hours as f64),
             Cell::num(pct(a), a.unwrap_or(-1.0)),
         ]);
@@ -176,7 +165,7 @@ pub async fn usage(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
     ];
     let mut counts = [0i64; 7];
     for w in windows.iter().filter(|w| w.present_hours > 0) {
-        match (w.known_hours > 0).then(|| w.activity_sum / w.known_hours as f64) {
+        match w.avg_activity_pct() {
             Some(a) => {
                 let i = BINS
                     .iter()

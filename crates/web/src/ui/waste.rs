@@ -5,37 +5,38 @@
 use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+
+use gpuledger_ledger::summary::round;
+use gpuledger_ledger::waste::{
+    activity_finding, allocated_idle_finding, billed_unseen_finding, low_memory_finding,
+    missing_finding, per_month, rank, total_per_month, ActivityEvidence, BilledUnseen, Finding,
+    FindingKind,
+};
 
 use super::{col, count, frame, internal, ncol, parse, respond, usd0, Cell, Frame, Table};
 use crate::params::Params;
 use crate::AppState;
 
-/// Hours in an average month, to turn hourly rates into $ per month.
-pub const HOURS_PER_MONTH: f64 = 730.0;
-
-/// One inefficiency worth money.
-#[derive(Debug, Clone)]
-pub struct Finding {
-    pub kind: &'static str,
-    pub what: String,
-    pub href: String,
-    pub team: String,
-    pub detail: String,
-    pub usd_per_month: f64,
-}
-
+/// Every finding of the Waste page, with the tables that show them.
 pub struct Findings {
     pub idle: Table,
+    pub unmeasured: Table,
     pub alloc_idle: Table,
     pub low_mem: Table,
     pub missing: Table,
     pub billed_unseen: Table,
+    /// Every finding, ranked by `ledger::waste::rank`, with evidence links carrying the page's
+    /// filters and range.
     pub all: Vec<Finding>,
 }
 
-fn days_between(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
-    (b - a).num_days()
+/// `$1,235`, or `unknown` where a finding cannot be priced (no rate).
+fn month_cell(m: Option<f64>) -> Cell {
+    Cell::num(
+        m.map(usd0).unwrap_or_else(|| "unknown".into()),
+        m.unwrap_or(-1.0),
+    )
 }
 
 /// Everything the Waste page lists, for the window and filters of `p`.
@@ -50,80 +51,84 @@ pub async fn findings(
 ) -> Result<Findings, Response> {
     let store = &state.store;
     let now = state.now();
-    let window = p.window(now, 30);
-    let range_hours = ((window.to.min(now.timestamp()) - window.from) as f64 / 3600.0).max(1.0);
-    let per_month = HOURS_PER_MONTH / range_hours;
-    let by_uuid: std::collections::HashMap<&str, &gpuledger_model::GpuView> =
-        gpus.iter().map(|g| (g.uuid.as_str(), g)).collect();
-    let (last_busy, workloads) = tokio::try_join!(
-        store.last_busy_days(&p.filters),
+    let window = p.window(now);
+    let window_hours = ((window.to.min(now.timestamp()) - window.from) as f64 / 3600.0).max(1.0);
+    let (evidence, workloads) = tokio::try_join!(
+        store.activity_evidence(&p.filters),
         store.idle_workloads(window, &p.filters, now),
     )
     .map_err(internal)?;
+    let evidence: HashMap<&str, ActivityEvidence> =
+        evidence.iter().map(|(u, e)| (u.as_str(), *e)).collect();
     let mut all = Vec::new();
+    let link = |x: &Finding| -> String {
+        if x.evidence.starts_with("/api/") {
+            x.evidence.clone()
+        } else {
+            f.link(&x.evidence)
+        }
+    };
 
-    let mut idle = Table::new("idle-gpus", f, vec![
-        col("GPU", "The GPU's UUID; follow it for its timeline."),
-        col("Host", "Where it runs."),
-        col("Team", "Owner team (cost is charged to the owner)."),
-        col("Model", "GPU model."),
-        ncol("Idle for", "Days since the last day with a busy hour (activity at or above the idle threshold); 'no busy hour' when none is on record."),
-        ncol("$/month", "Hourly rate × 730 h: what keeping it costs per month."),
-    ]);
-    let mut rows: Vec<(i64, &gpuledger_model::GpuView)> = Vec::new();
-    for (uuid, day) in &last_busy {
-        let Some(g) = by_uuid.get(uuid.as_str()) else {
-            continue;
-        };
-        if g.state != gpuledger_model::GpuState::Present {
-            continue;
-        }
-        let since = day
-            .map(|d| days_between(d, now))
-            .unwrap_or_else(|| days_between(g.first_seen, now));
-        if since >= idle_days {
-            rows.push((since, g));
-        }
-    }
-    rows.sort_by(|a, b| {
-        let ca = a.1.usd_per_hour.unwrap_or(0.0);
-        let cb = b.1.usd_per_hour.unwrap_or(0.0);
-        cb.total_cmp(&ca)
-            .then(b.0.cmp(&a.0))
-            .then(a.1.uuid.cmp(&b.1.uuid))
+    let gpu_cols = |last: (&str, &str)| {
+        vec![
+            col("GPU", "The GPU's UUID; follow it for its timeline."),
+            col("Host", "Where it runs."),
+            col("Team", "Owner team (cost is charged to the owner)."),
+            col("Model", "GPU model."),
+            ncol(last.0, last.1),
+            ncol(
+                "$/month",
+                "Hourly rate × 730 h: what keeping it costs per month.",
+            ),
+        ]
+    };
+    let mut idle = Table::new(
+        "idle-gpus",
+        f,
+        gpu_cols((
+            "Idle for",
+            "Days since the last day with a busy hour (activity at or above the idle \
+             threshold), counted from its first sighting when it never had one. Only GPUs \
+             whose activity is measured are listed.",
+        )),
+    );
+    let mut unmeasured = Table::new(
+        "no-activity-data",
+        f,
+        gpu_cols((
+            "Unmeasured for",
+            "Days without any activity data: no source reports its utilization. Not counted \
+             as idle and not in the total; connect a metrics source to know.",
+        )),
+    );
+    let mut found: Vec<(Finding, i64, &gpuledger_model::GpuView)> = gpus
+        .iter()
+        .filter_map(|g| {
+            let ev = evidence.get(g.uuid.as_str()).copied().unwrap_or_default();
+            activity_finding(g, ev, now.timestamp(), idle_days).map(|(x, d)| (x, d, g))
+        })
+        .collect();
+    found.sort_by(|a, b| {
+        b.0.usd_per_month
+            .unwrap_or(-1.0)
+            .total_cmp(&a.0.usd_per_month.unwrap_or(-1.0))
+            .then(b.1.cmp(&a.1))
+            .then(a.2.uuid.cmp(&b.2.uuid))
     });
-    for (since, g) in rows {
-        let month = g.usd_per_hour.map(|r| r * HOURS_PER_MONTH);
-        let busy_known = last_busy.iter().any(|(u, d)| u == &g.uuid && d.is_some());
-        let href = f.link(&format!("/gpus/{}", g.uuid));
-        idle.push(vec![
-            Cell::text(g.uuid.clone()).link(href.clone()),
+    for (x, days, g) in found {
+        let table = match x.kind {
+            FindingKind::IdleGpu => &mut idle,
+            _ => &mut unmeasured,
+        };
+        table.push(vec![
+            Cell::text(g.uuid.clone()).link(link(&x)),
             Cell::text(g.host.clone().unwrap_or_default()),
             Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
             Cell::text(g.model.clone()),
-            Cell::num(
-                if busy_known {
-                    format!("{since} d")
-                } else {
-                    format!("{since} d, no busy hour")
-                },
-                since as f64,
-            ),
-            Cell::num(
-                month.map(usd0).unwrap_or_else(|| "unknown".into()),
-                month.unwrap_or(0.0),
-            ),
+            Cell::num(format!("{days} d"), days as f64),
+            month_cell(g.usd_per_hour.map(per_month)),
         ]);
-        if let Some(m) = month {
-            all.push(Finding {
-                kind: "idle GPU",
-                what: format!("{} on {}", g.model, g.host.clone().unwrap_or_default()),
-                href,
-                team: g.team.clone(),
-                detail: format!("no busy hour for {since} days: release or reassign it"),
-                usd_per_month: m,
-            });
-        }
+        all.push(x);
     }
 
     let mut alloc_idle = Table::new(
@@ -135,42 +140,39 @@ pub async fn findings(
                 "The allocation (pod, job, process) holding the GPUs.",
             ),
             col("Kind", "pod, slurm_job, process, reservation or other."),
-            col("Used by", "The team the allocation names."),
+            col(
+                "Used by",
+                "The team the allocation names (`unowned` when it names none).",
+            ),
             col("Owner", "The team owning the GPUs."),
             ncol("GPUs", "GPUs it held while idle."),
             ncol(
                 "Allocated-idle h",
-                "Hours allocated to it and idle (activity below the threshold) in the range.",
+                "Its hours allocated and idle (activity below the threshold) in the range; an \
+                 hour shared with other workloads counts its share.",
             ),
             ncol(
                 "$/month",
-                "Allocated-idle hours × rate, scaled from the range to 730 h.",
+                "Allocated-idle hours × rate, scaled from the range to 730 h; unknown when \
+                 every hour is on GPUs without a rate.",
             ),
         ],
     );
     for w in workloads.iter().take(100) {
-        let month = w.cost_usd * per_month;
-        let team = w.used_by.clone().unwrap_or_else(|| w.owner.clone());
+        let x = allocated_idle_finding(w, window_hours);
         alloc_idle.push(vec![
             Cell::text(w.workload.clone()),
             Cell::text(w.kind.clone()),
-            Cell::text(w.used_by.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(w.used_by.clone()),
             Cell::text(w.owner.clone()).link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
             Cell::num(count(w.gpus), w.gpus as f64),
-            Cell::num(count(w.allocated_idle_hours), w.allocated_idle_hours as f64),
-            Cell::num(usd0(month), month),
-        ]);
-        all.push(Finding {
-            kind: "allocated but idle",
-            what: w.workload.clone(),
-            href: f.link(&format!("/teams/{}", super::enc(&w.owner))),
-            team,
-            detail: format!(
-                "{} GPU-hours allocated and idle: tell the owner",
-                count(w.allocated_idle_hours)
+            Cell::num(
+                format!("{:.1}", w.allocated_idle_hours),
+                w.allocated_idle_hours,
             ),
-            usd_per_month: month,
-        });
+            month_cell(x.usd_per_month),
+        ]);
+        all.push(x);
     }
 
     let mut low_mem = Table::new(
@@ -193,11 +195,7 @@ pub async fn findings(
     );
     let mut lows: Vec<_> = windows
         .iter()
-        .filter_map(|w| {
-            let cap = w.memory_mib? as f64;
-            let peak = w.mem_max_mib?;
-            (w.present_hours >= 24 && cap > 0.0 && peak / cap < 0.25).then_some((w, peak / cap))
-        })
+        .filter_map(|w| low_memory_finding(w).map(|(share, x)| (w, share, x)))
         .collect();
     lows.sort_by(|a, b| {
         b.0.usd_per_hour
@@ -205,35 +203,17 @@ pub async fn findings(
             .total_cmp(&a.0.usd_per_hour.unwrap_or(0.0))
             .then(a.0.uuid.cmp(&b.0.uuid))
     });
-    for (w, frac) in lows {
-        let month = w.usd_per_hour.map(|r| r * HOURS_PER_MONTH);
-        let href = f.link(&format!("/gpus/{}", w.uuid));
-        let act = (w.known_hours > 0).then(|| w.activity_sum / w.known_hours as f64);
+    for (w, share, x) in lows {
+        let act = w.avg_activity_pct();
         low_mem.push(vec![
-            Cell::text(w.uuid.clone()).link(href.clone()),
+            Cell::text(w.uuid.clone()).link(link(&x)),
             Cell::text(w.team.clone()),
             Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
-            Cell::num(format!("{:.0} %", frac * 100.0), frac * 100.0),
+            Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
             Cell::num(super::pct(act), act.unwrap_or(-1.0)),
-            Cell::num(
-                month.map(usd0).unwrap_or_else(|| "unknown".into()),
-                month.unwrap_or(0.0),
-            ),
+            month_cell(w.usd_per_hour.map(per_month)),
         ]);
-        if let Some(m) = month {
-            all.push(Finding {
-                kind: "memory far below capacity",
-                what: format!("{} on {}", w.model, w.host.clone().unwrap_or_default()),
-                href,
-                team: w.team.clone(),
-                detail: format!(
-                    "peak memory {:.0} % of capacity: a smaller GPU or a MIG profile would do",
-                    frac * 100.0
-                ),
-                // A MIG half or a smaller GPU saves about half.
-                usd_per_month: m * 0.5,
-            });
-        }
+        all.push(x);
     }
 
     let mut missing = Table::new(
@@ -254,37 +234,19 @@ pub async fn findings(
             ),
         ],
     );
-    for g in gpus
+    for (g, x) in gpus
         .iter()
-        .filter(|g| g.state == gpuledger_model::GpuState::Missing)
+        .filter_map(|g| missing_finding(g).map(|x| (g, x)))
     {
-        let month = g.usd_per_hour.map(|r| r * HOURS_PER_MONTH);
-        let href = f.link(&format!("/gpus/{}", g.uuid));
         missing.push(vec![
-            Cell::text(g.uuid.clone()).link(href.clone()),
+            Cell::text(g.uuid.clone()).link(link(&x)),
             Cell::text(g.host.clone().unwrap_or_default()),
             Cell::text(g.team.clone()),
             Cell::text(g.source.clone()),
             Cell::text(g.last_seen.format("%Y-%m-%d %H:%M UTC").to_string()),
-            Cell::num(
-                month.map(usd0).unwrap_or_else(|| "unknown".into()),
-                month.unwrap_or(0.0),
-            ),
+            month_cell(x.usd_per_month),
         ]);
-        if let Some(m) = month {
-            all.push(Finding {
-                kind: "missing GPU",
-                what: format!("{} on {}", g.model, g.host.clone().unwrap_or_default()),
-                href,
-                team: g.team.clone(),
-                detail: format!(
-                    "not seen since {}: still paid for? check source {}",
-                    g.last_seen.format("%Y-%m-%d %H:%M"),
-                    g.source
-                ),
-                usd_per_month: m,
-            });
-        }
+        all.push(x);
     }
     let mut billed_unseen = Table::new(
         "billed-unseen",
@@ -314,8 +276,15 @@ pub async fn findings(
             .await
             .map_err(internal)?;
         for u in unseen {
-            let days = ((u.last - u.first).num_seconds() as f64 / 86_400.0).max(1.0);
-            let month = u.effective_cost / days * (HOURS_PER_MONTH / 24.0);
+            let b = BilledUnseen {
+                resource_id: u.resource_id.clone(),
+                instance_type: u.instance_type.clone(),
+                effective_cost: u.effective_cost,
+                first: u.first.timestamp(),
+                last: u.last.timestamp(),
+                file: u.file.clone(),
+            };
+            let x = billed_unseen_finding(&b);
             billed_unseen.push(vec![
                 Cell::text(u.resource_id.clone()),
                 Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
@@ -325,33 +294,19 @@ pub async fn findings(
                     u.last.format("%Y-%m-%d")
                 )),
                 Cell::num(super::usd(u.effective_cost), u.effective_cost),
-                Cell::num(usd0(month), month),
+                month_cell(x.usd_per_month),
                 Cell::text(u.file.clone()),
             ]);
-            all.push(Finding {
-                kind: "billed, not seen",
-                what: format!(
-                    "{} ({})",
-                    u.resource_id,
-                    u.instance_type.as_deref().unwrap_or("GPU spend")
-                ),
-                href: "/api/v1/billing".into(),
-                team: gpuledger_model::UNOWNED.to_string(),
-                detail: format!(
-                    "billed {} from {} to {} in {}, but no source reports it: find it or stop \
-                     paying for it",
-                    super::usd(u.effective_cost),
-                    u.first.format("%Y-%m-%d"),
-                    u.last.format("%Y-%m-%d"),
-                    u.file
-                ),
-                usd_per_month: month,
-            });
+            all.push(x);
         }
     }
-    all.sort_by(|a, b| b.usd_per_month.total_cmp(&a.usd_per_month));
+    rank(&mut all);
+    for x in &mut all {
+        x.evidence = link(x);
+    }
     Ok(Findings {
         idle,
+        unmeasured,
         alloc_idle,
         low_mem,
         missing,
@@ -368,34 +323,32 @@ pub struct WastePage {
     pub idle_links: Vec<(String, String)>,
     pub total: String,
     pub idle: Table,
+    pub unmeasured: Table,
     pub alloc_idle: Table,
     pub low_mem: Table,
     pub missing: Table,
     pub billed_unseen: Table,
 }
 
-/// `GET /api/v1/savings`: the Waste page's findings as JSON, largest $ per month first, each
-/// with its kind, team, evidence link and the figures behind it.
+/// `GET /api/v1/savings`: the Waste page's findings as JSON — waste with its $ per month,
+/// largest first, then GPUs with no activity data (no $: unknown is not waste) — each with its
+/// kind, team, evidence link and the figures behind it.
 pub async fn savings_api(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
     let (found, idle_days) = match load(&state, q.as_deref()).await {
         Ok(x) => x,
         Err(r) => return r,
     };
-    let mut all = found.2.all;
-    all.sort_by(|a, b| b.usd_per_month.total_cmp(&a.usd_per_month));
-    let total: f64 = all.iter().map(|x| x.usd_per_month).sum();
-    let items: Vec<serde_json::Value> = all
-        .iter()
-        .map(|x| {
-            serde_json::json!({
-                "kind": x.kind, "what": x.what, "team": x.team, "detail": x.detail,
-                "evidence": x.href, "usd_per_month": (x.usd_per_month * 100.0).round() / 100.0,
-            })
+    let all = found.2.all;
+    let items: Vec<Finding> = all
+        .into_iter()
+        .map(|mut x| {
+            x.usd_per_month = x.usd_per_month.map(|m| round(m, 2));
+            x
         })
         .collect();
     axum::Json(serde_json::json!({
         "idle_days": idle_days,
-        "usd_per_month": (total * 100.0).round() / 100.0,
+        "usd_per_month": total_per_month(&items),
         "count": items.len(),
         "items": items,
     }))
@@ -423,7 +376,7 @@ async fn load(
     let now = state.now();
     let (gpus, windows) = tokio::try_join!(
         state.store.list_gpus(&p.filters, false, now),
-        state.store.gpu_totals(p.window(now, 30), &p.filters, now),
+        state.store.gpu_totals(p.window(now), &p.filters, now),
     )
     .map_err(internal)?;
     let found = findings(state, &p, &f, idle_days, &gpus, &windows).await?;
@@ -435,7 +388,7 @@ pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         Ok(x) => x,
         Err(r) => return r,
     };
-    let total: f64 = found.all.iter().map(|x| x.usd_per_month).sum();
+    let total = total_per_month(&found.all);
     let page = WastePage {
         idle_links: [3, 7, 14, 30]
             .iter()
@@ -449,6 +402,7 @@ pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         total: usd0(total),
         idle_days,
         idle: found.idle,
+        unmeasured: found.unmeasured,
         alloc_idle: found.alloc_idle,
         low_mem: found.low_mem,
         missing: found.missing,
@@ -457,6 +411,7 @@ pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
     };
     let tables = [
         &page.idle,
+        &page.unmeasured,
         &page.alloc_idle,
         &page.low_mem,
         &page.missing,

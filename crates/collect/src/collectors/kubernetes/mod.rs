@@ -429,6 +429,7 @@ impl KubernetesCollector {
                         }
                         l
                     },
+                    mig_instances: g.mig_profiles.clone(),
                 },
                 provenance: provenance(key, now),
             });

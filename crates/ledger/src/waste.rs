@@ -1,0 +1,548 @@
+//! Inefficiencies worth money, as typed findings with their $ per month: idle GPUs,
+//! allocated-but-idle workloads, GPUs whose memory use stays far below capacity, missing GPUs
+//! and billed spend no source reports — and GPUs whose activity nobody measures, which are a
+//! finding of their own and never idle (BRIEF section 4: unknown is neither idle nor busy).
+//!
+//! The Waste page, the overview's top inefficiencies and `GET /api/v1/savings` all render the
+//! values made here; nothing else prices a finding.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuledger_model::{GpuState, GpuView, DAY_SECS};
+use serde::{Serialize, Serializer};
+
+use crate::summary::{round, GpuWindow};
+use crate::usedby::user_team;
+
+/// Hours in an average month, to turn hourly rates into $ per month.
+pub const HOURS_PER_MONTH: f64 = 730.0;
+
+/// A GPU whose peak memory use stays below this share of its memory is oversized.
+pub const LOW_MEMORY_SHARE: f64 = 0.25;
+
+/// What kind of inefficiency a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FindingKind {
+    IdleGpu,
+    AllocatedIdle,
+    LowMemory,
+    MissingGpu,
+    BilledUnseen,
+    /// No activity data: not waste, and never counted as waste, but worth a metrics source.
+    NoActivityData,
+}
+
+impl FindingKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            FindingKind::IdleGpu => "idle GPU",
+            FindingKind::AllocatedIdle => "allocated but idle",
+            FindingKind::LowMemory => "memory far below capacity",
+            FindingKind::MissingGpu => "missing GPU",
+            FindingKind::BilledUnseen => "billed, not seen",
+            FindingKind::NoActivityData => "no activity data",
+        }
+    }
+}
+
+impl Serialize for FindingKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.label())
+    }
+}
+
+/// One finding: what, whose, why, where the evidence is, and what it costs per month.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub what: String,
+    pub team: String,
+    pub detail: String,
+    /// The dashboard path that shows the evidence (the caller adds filters and range).
+    pub evidence: String,
+    /// What the waste costs per month; `None` where it cannot be priced (no rate) or is no
+    /// waste (no activity data). Only `Some` values add up to the savings total.
+    pub usd_per_month: Option<f64>,
+}
+
+/// $ per month of an hourly rate.
+pub fn per_month(usd_per_hour: f64) -> f64 {
+    usd_per_hour * HOURS_PER_MONTH
+}
+
+/// Scale a cost over `window_hours` to $ per month.
+pub fn window_per_month(cost_usd: f64, window_hours: f64) -> f64 {
+    cost_usd * HOURS_PER_MONTH / window_hours.max(1.0)
+}
+
+fn where_(g_model: &str, host: Option<&str>) -> String {
+    format!("{g_model} on {}", host.unwrap_or("unknown host"))
+}
+
+/// When a GPU was last busy and last measured, by UTC day start (from the day rollups).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActivityEvidence {
+    /// The last day with a busy hour.
+    pub last_busy_day: Option<i64>,
+    /// The last day with an hour of known activity (busy or idle).
+    pub last_known_day: Option<i64>,
+}
+
+/// Whole days from `from` to `now`.
+fn days_since(from: i64, now: i64) -> i64 {
+    (now - from).max(0) / DAY_SECS
+}
+
+/// Idle or unmeasured: the finding a present GPU gets from its activity, if any.
+///
+/// - Its activity is known recently (a known hour today or yesterday) and it had no busy hour
+///   for `idle_days` or more (counted from its first sighting when it never had one): **idle
+///   GPU**, worth its rate per month.
+/// - Its activity has not been known for `idle_days` or more (or never was): **no activity
+///   data** — it may be busy or idle, nobody measures it — with no $ of waste.
+/// - Otherwise nothing.
+pub fn activity_finding(
+    g: &GpuView,
+    ev: ActivityEvidence,
+    now: i64,
+    idle_days: i64,
+) -> Option<(Finding, i64)> {
+    if g.state != GpuState::Present || g.mig_parent_uuid.is_some() {
+        return None;
+    }
+    let first = g.first_seen.timestamp();
+    let today = now.div_euclid(DAY_SECS) * DAY_SECS;
+    let known_recently = ev.last_known_day.is_some_and(|d| d >= today - DAY_SECS);
+    let what = where_(&g.model, g.host.as_deref());
+    if known_recently {
+        let since = days_since(ev.last_busy_day.map_or(first, |d| d + DAY_SECS), now);
+        if since < idle_days {
+            return None;
+        }
+        let detail = match ev.last_busy_day {
+            Some(_) => format!("no busy hour for {since} days: release or reassign it"),
+            None => {
+                format!("no busy hour since first seen {since} days ago: release or reassign it")
+            }
+        };
+        return Some((
+            Finding {
+                kind: FindingKind::IdleGpu,
+                what,
+                team: g.team.clone(),
+                detail,
+                evidence: format!("/gpus/{}", g.uuid),
+                usd_per_month: g.usd_per_hour.map(per_month),
+            },
+            since,
+        ));
+    }
+    let since = days_since(ev.last_known_day.map_or(first, |d| d + DAY_SECS), now);
+    if since < idle_days {
+        return None;
+    }
+    let at_stake = g
+        .usd_per_hour
+        .map(|r| format!(" (${:.0}/month of GPU whose use is unknown)", per_month(r)))
+        .unwrap_or_default();
+    let detail = match ev.last_known_day {
+        Some(_) => format!(
+            "no activity data for {since} days: connect a metrics source (dcgm-exporter, the \
+             agent){at_stake}"
+        ),
+        None => format!(
+            "no activity data since first seen: connect a metrics source (dcgm-exporter, the \
+             agent){at_stake}"
+        ),
+    };
+    Some((
+        Finding {
+            kind: FindingKind::NoActivityData,
+            what,
+            team: g.team.clone(),
+            detail,
+            evidence: format!("/gpus/{}", g.uuid),
+            usd_per_month: None,
+        },
+        since,
+    ))
+}
+
+/// One physical GPU's allocated-and-idle hours held by one workload (its share where the hour
+/// was shared), as the store reads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleShare {
+    pub workload: String,
+    pub kind: String,
+    /// The team the allocation names.
+    pub used_by: Option<String>,
+    /// The GPU's owner at that hour.
+    pub owner: String,
+    pub gpu_id: i64,
+    pub usd_per_hour: Option<f64>,
+    pub hours: f64,
+}
+
+/// Allocated-but-idle hours of one workload in a window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IdleWorkload {
+    pub workload: String,
+    pub kind: String,
+    /// The team the allocation names ([`user_team`]).
+    pub used_by: String,
+    /// The owner team of the GPUs.
+    pub owner: String,
+    pub gpus: i64,
+    /// Its share of allocated-and-idle GPU-hours (a shared hour split evenly among holders).
+    pub allocated_idle_hours: f64,
+    /// Those hours × rate, over GPUs with a rate.
+    pub cost_usd: f64,
+    /// Of those hours, the ones on GPUs without a rate: unpriced, never $0.
+    pub unpriced_hours: f64,
+}
+
+/// Fold per-GPU shares into workloads, most expensive first (then most hours, then name).
+pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
+    // (workload, kind, used by, owner) → the workload and the GPUs it held.
+    type Key = (String, String, String, String);
+    let mut by: BTreeMap<Key, (IdleWorkload, BTreeSet<i64>)> = BTreeMap::new();
+    for s in shares {
+        let used_by = user_team(s.used_by.as_deref());
+        let key = (
+            s.workload.clone(),
+            s.kind.clone(),
+            used_by.clone(),
+            s.owner.clone(),
+        );
+        let (w, gpus) = by.entry(key).or_insert_with(|| {
+            (
+                IdleWorkload {
+                    workload: s.workload.clone(),
+                    kind: s.kind.clone(),
+                    used_by,
+                    owner: s.owner.clone(),
+                    ..Default::default()
+                },
+                BTreeSet::new(),
+            )
+        });
+        gpus.insert(s.gpu_id);
+        w.allocated_idle_hours += s.hours;
+        match s.usd_per_hour {
+            Some(r) => w.cost_usd += s.hours * r,
+            None => w.unpriced_hours += s.hours,
+        }
+    }
+    let mut out: Vec<IdleWorkload> = by
+        .into_values()
+        .map(|(mut w, gpus)| {
+            w.gpus = gpus.len() as i64;
+            w
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.cost_usd
+            .total_cmp(&a.cost_usd)
+            .then(b.allocated_idle_hours.total_cmp(&a.allocated_idle_hours))
+            .then(a.workload.cmp(&b.workload))
+    });
+    out
+}
+
+/// The finding for an allocated-but-idle workload over a window of `window_hours`.
+pub fn allocated_idle_finding(w: &IdleWorkload, window_hours: f64) -> Finding {
+    let unpriced = if w.unpriced_hours > 0.0 {
+        format!(
+            " ({:.1} of them on GPUs without a rate, unpriced)",
+            w.unpriced_hours
+        )
+    } else {
+        String::new()
+    };
+    Finding {
+        kind: FindingKind::AllocatedIdle,
+        what: w.workload.clone(),
+        team: if w.used_by == gpuledger_model::UNOWNED {
+            w.owner.clone()
+        } else {
+            w.used_by.clone()
+        },
+        detail: format!(
+            "{:.1} GPU-hours allocated and idle{unpriced}: tell the owner",
+            w.allocated_idle_hours
+        ),
+        evidence: format!("/teams/{}", w.owner),
+        usd_per_month: (w.allocated_idle_hours > w.unpriced_hours)
+            .then(|| window_per_month(w.cost_usd, window_hours)),
+    }
+}
+
+/// A GPU present at least a day of the window whose peak memory use stays below
+/// [`LOW_MEMORY_SHARE`] of its memory: the share, and the finding (a MIG half or a smaller GPU
+/// saves about half its rate).
+pub fn low_memory_finding(w: &GpuWindow) -> Option<(f64, Finding)> {
+    let cap = w.memory_mib? as f64;
+    let peak = w.mem_max_mib?;
+    let share = peak / cap;
+    if w.present_hours < 24 || cap <= 0.0 || share >= LOW_MEMORY_SHARE {
+        return None;
+    }
+    Some((
+        share,
+        Finding {
+            kind: FindingKind::LowMemory,
+            what: where_(&w.model, w.host.as_deref()),
+            team: w.team.clone(),
+            detail: format!(
+                "peak memory {:.0} % of capacity: a smaller GPU or a MIG profile would do",
+                share * 100.0
+            ),
+            evidence: format!("/gpus/{}", w.uuid),
+            usd_per_month: w.usd_per_hour.map(|r| per_month(r) * 0.5),
+        },
+    ))
+}
+
+/// A GPU that stopped reporting: still paid for?
+pub fn missing_finding(g: &GpuView) -> Option<Finding> {
+    (g.state == GpuState::Missing && g.mig_parent_uuid.is_none()).then(|| Finding {
+        kind: FindingKind::MissingGpu,
+        what: where_(&g.model, g.host.as_deref()),
+        team: g.team.clone(),
+        detail: format!(
+            "not seen since {}: still paid for? check source {}",
+            g.last_seen.format("%Y-%m-%d %H:%M"),
+            g.source
+        ),
+        evidence: format!("/gpus/{}", g.uuid),
+        usd_per_month: g.usd_per_hour.map(per_month),
+    })
+}
+
+/// Spend an imported billing export shows for a resource no source reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BilledUnseen {
+    pub resource_id: String,
+    pub instance_type: Option<String>,
+    pub effective_cost: f64,
+    pub first: i64,
+    pub last: i64,
+    pub file: String,
+}
+
+/// $ per month of billed-but-unseen spend: what it was billed per day × 730 / 24.
+pub fn billed_unseen_per_month(u: &BilledUnseen) -> f64 {
+    let days = ((u.last - u.first) as f64 / DAY_SECS as f64).max(1.0);
+    u.effective_cost / days * (HOURS_PER_MONTH / 24.0)
+}
+
+pub fn billed_unseen_finding(u: &BilledUnseen) -> Finding {
+    let day = |t: i64| {
+        chrono::DateTime::from_timestamp(t, 0)
+            .map(|d| d.format("%Y-%m-%d").to_string())
+            .unwrap_or_default()
+    };
+    Finding {
+        kind: FindingKind::BilledUnseen,
+        what: format!(
+            "{} ({})",
+            u.resource_id,
+            u.instance_type.as_deref().unwrap_or("GPU spend")
+        ),
+        team: gpuledger_model::UNOWNED.to_string(),
+        detail: format!(
+            "billed ${:.2} from {} to {} in {}, but no source reports it: find it or stop paying \
+             for it",
+            u.effective_cost,
+            day(u.first),
+            day(u.last),
+            u.file
+        ),
+        evidence: "/api/v1/billing".into(),
+        usd_per_month: Some(billed_unseen_per_month(u)),
+    }
+}
+
+/// Findings ranked for reading: priced waste by $ per month (largest first), then unpriced
+/// waste, then the findings that are no waste (no activity data).
+pub fn rank(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        let waste = |f: &Finding| f.kind != FindingKind::NoActivityData;
+        waste(b)
+            .cmp(&waste(a))
+            .then(
+                b.usd_per_month
+                    .unwrap_or(-1.0)
+                    .total_cmp(&a.usd_per_month.unwrap_or(-1.0)),
+            )
+            .then(a.kind.cmp(&b.kind))
+            .then(a.what.cmp(&b.what))
+    });
+}
+
+/// The savings total: Σ $ per month over priced findings (no-activity findings have none).
+pub fn total_per_month(findings: &[Finding]) -> f64 {
+    round(findings.iter().filter_map(|f| f.usd_per_month).sum(), 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Utc};
+
+    const NOW: i64 = 1_764_900_000; // 2025-12-05 01:20 UTC
+
+    fn gpu(first_days_ago: i64, rate: Option<f64>) -> GpuView {
+        GpuView {
+            uuid: "GPU-1".into(),
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: None,
+            host: Some("h1".into()),
+            cluster: None,
+            cloud: None,
+            region: None,
+            instance_type: None,
+            account: None,
+            serial: None,
+            pci_bus_id: None,
+            team: "nlp".into(),
+            env: "prod".into(),
+            owner_reason: String::new(),
+            state: GpuState::Present,
+            first_seen: Utc
+                .timestamp_opt(NOW - first_days_ago * DAY_SECS, 0)
+                .unwrap(),
+            last_seen: Utc.timestamp_opt(NOW, 0).unwrap(),
+            usd_per_hour: rate,
+            rate_origin: String::new(),
+            mig_parent_uuid: None,
+            mig_profile: None,
+            placeholder: false,
+            source: "s".into(),
+            labels: Default::default(),
+        }
+    }
+
+    fn day(days_ago: i64) -> Option<i64> {
+        Some((NOW - days_ago * DAY_SECS).div_euclid(DAY_SECS) * DAY_SECS)
+    }
+
+    /// The bug: a GPU with no activity data at all was "idle — no busy hour for 30 days" with
+    /// $/month. It is its own finding, worth no waste.
+    #[test]
+    fn unknown_activity_is_never_idle_and_never_priced_as_waste() {
+        let g = gpu(30, Some(4.0));
+        let (f, since) = activity_finding(&g, ActivityEvidence::default(), NOW, 7).unwrap();
+        assert_eq!(f.kind, FindingKind::NoActivityData);
+        assert_eq!(f.usd_per_month, None);
+        assert_eq!(since, 30);
+        assert!(
+            f.detail.contains("connect a metrics source"),
+            "{}",
+            f.detail
+        );
+        // Measured until 10 days ago (idle then), unknown since: still not idle.
+        let ev = ActivityEvidence {
+            last_busy_day: day(20),
+            last_known_day: day(10),
+        };
+        let (f, _) = activity_finding(&g, ev, NOW, 7).unwrap();
+        assert_eq!(f.kind, FindingKind::NoActivityData);
+        assert_eq!(total_per_month(&[f]), 0.0);
+    }
+
+    #[test]
+    fn measured_and_not_busy_for_the_idle_days_is_idle_with_its_rate() {
+        let g = gpu(30, Some(4.0));
+        let ev = ActivityEvidence {
+            last_busy_day: day(12),
+            last_known_day: day(0),
+        };
+        let (f, since) = activity_finding(&g, ev, NOW, 7).unwrap();
+        assert_eq!((f.kind, since), (FindingKind::IdleGpu, 11));
+        assert_eq!(f.usd_per_month, Some(2920.0));
+        // Busy two days ago: nothing; a rate-less idle GPU is idle but unpriced.
+        let busy = ActivityEvidence {
+            last_busy_day: day(2),
+            last_known_day: day(0),
+        };
+        assert!(activity_finding(&g, busy, NOW, 7).is_none());
+        let (f, _) = activity_finding(&gpu(30, None), ev, NOW, 7).unwrap();
+        assert_eq!((f.kind, f.usd_per_month), (FindingKind::IdleGpu, None));
+    }
+
+    /// Two workloads share a $2/h GPU's idle hours half and half; a third holds a GPU without a
+    /// rate. Each pays its share; the unpriced hours stay unpriced.
+    #[test]
+    fn shared_idle_hours_are_split_and_unpriced_hours_are_not_zero_dollars() {
+        let s = |w: &str, gpu_id, rate, hours| IdleShare {
+            workload: w.into(),
+            kind: "pod".into(),
+            used_by: Some("NLP".into()),
+            owner: "nlp".into(),
+            gpu_id,
+            usd_per_hour: rate,
+            hours,
+        };
+        let ws = idle_workloads(&[
+            s("a", 1, Some(2.0), 1.5),
+            s("b", 1, Some(2.0), 1.5),
+            s("c", 2, None, 3.0),
+        ]);
+        let got: Vec<_> = ws
+            .iter()
+            .map(|w| {
+                (
+                    w.workload.as_str(),
+                    w.used_by.as_str(),
+                    w.allocated_idle_hours,
+                    w.cost_usd,
+                    w.unpriced_hours,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", "nlp", 1.5, 3.0, 0.0),
+                ("b", "nlp", 1.5, 3.0, 0.0),
+                ("c", "nlp", 3.0, 0.0, 3.0)
+            ]
+        );
+        assert_eq!(allocated_idle_finding(&ws[2], 730.0).usd_per_month, None);
+        assert_eq!(
+            allocated_idle_finding(&ws[0], 730.0).usd_per_month,
+            Some(3.0)
+        );
+    }
+
+    #[test]
+    fn ranking_puts_priced_waste_first_and_no_data_last() {
+        let f = |kind, usd| Finding {
+            kind,
+            what: String::new(),
+            team: String::new(),
+            detail: String::new(),
+            evidence: String::new(),
+            usd_per_month: usd,
+        };
+        let mut all = vec![
+            f(FindingKind::NoActivityData, None),
+            f(FindingKind::IdleGpu, None),
+            f(FindingKind::MissingGpu, Some(10.0)),
+            f(FindingKind::IdleGpu, Some(20.0)),
+        ];
+        rank(&mut all);
+        let kinds: Vec<_> = all.iter().map(|x| (x.kind, x.usd_per_month)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (FindingKind::IdleGpu, Some(20.0)),
+                (FindingKind::MissingGpu, Some(10.0)),
+                (FindingKind::IdleGpu, None),
+                (FindingKind::NoActivityData, None)
+            ]
+        );
+        assert_eq!(total_per_month(&all), 30.0);
+    }
+}

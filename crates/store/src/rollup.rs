@@ -1,0 +1,297 @@
+//! Rollups: which hours a write touched, and re-rolling them — hour rows from raw samples, the
+//! allocated flag of each hour from the allocations, day rows from hour rows.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
+use sqlx::{Any, Transaction};
+
+use crate::{Result, Store};
+
+/// Recompute day rollups from hour rollups for the GPUs `IDS` in `[$1, $2)`; `$3` is the idle
+/// threshold.
+pub(crate) const REROLL_DAYS: &str =
+    "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
+     idle_hours, allocated_hours, allocated_idle_hours, mem_max, billed_hours, billed_usd) \
+     SELECT gpu_id, (hour / 86400) * 86400, COUNT(*), \
+     SUM(CASE WHEN act_n > 0 THEN 1 ELSE 0 END), \
+     SUM(CASE WHEN act_n > 0 THEN act_sum / act_n ELSE 0 END), \
+     SUM(CASE WHEN act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
+     SUM(allocated), \
+     SUM(CASE WHEN allocated = 1 AND act_n > 0 AND act_sum < $3 * act_n THEN 1 ELSE 0 END), \
+     MAX(mem_max), COUNT(billed_usd), CAST(COALESCE(SUM(billed_usd), 0) AS DOUBLE PRECISION) \
+     FROM gpu_hours WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
+     GROUP BY gpu_id, (hour / 86400) * 86400 \
+     ON CONFLICT (day, gpu_id) DO UPDATE SET present_hours = excluded.present_hours, \
+     known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
+     idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
+     allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max, \
+     billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd";
+
+/// The allocated flag of the hours of GPUs `IDS` in `[$1, $2)`: an hour is allocated when an
+/// allocation of the GPU or of one of its MIG instances overlaps it (definitions: "allocated
+/// hour"). Only present hours have rows, so only present hours count.
+pub(crate) const ALLOCATED: &str = "CASE WHEN EXISTS (SELECT 1 FROM allocations a \
+     WHERE (a.gpu_id = gpu_hours.gpu_id OR a.gpu_id IN (SELECT c.id FROM gpus c JOIN gpus p \
+     ON c.mig_parent_uuid = p.uuid WHERE p.id = gpu_hours.gpu_id)) \
+     AND a.start_ts < gpu_hours.hour + 3600 \
+     AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) THEN 1 ELSE 0 END";
+
+/// (GPU, hour) presence rows per INSERT statement.
+pub(crate) const PRESENCE_CHUNK: usize = 200;
+
+/// Hours touched for one GPU during an ingest, to re-roll afterwards.
+#[derive(Default)]
+pub(crate) struct Touched {
+    pub(crate) presence: BTreeSet<i64>,
+    pub(crate) activity: Option<(i64, i64)>,
+    pub(crate) flags: Option<(i64, i64)>,
+    /// Allocations moved onto this GPU: its holders may have changed.
+    pub(crate) holders: bool,
+}
+
+pub(crate) fn widen(r: &mut Option<(i64, i64)>, lo: i64, hi: i64) {
+    *r = Some(match *r {
+        None => (lo, hi),
+        Some((a, b)) => (a.min(lo), b.max(hi)),
+    });
+}
+
+pub(crate) fn values(rows: usize, cols: usize) -> String {
+    let mut s = String::with_capacity(rows * cols * 5);
+    for r in 0..rows {
+        if r > 0 {
+            s.push(',');
+        }
+        s.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                s.push(',');
+            }
+            s.push('$');
+            s.push_str(&(r * cols + c + 1).to_string());
+        }
+        s.push(')');
+    }
+    s
+}
+
+pub(crate) fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
+    let mut h = hour_floor(ts);
+    let last = hour_floor(ts + stale.max(1) - 1);
+    while h <= last {
+        t.presence.insert(h);
+        h += HOUR_SECS;
+    }
+}
+
+impl Store {
+    /// Re-roll the touched hours and days of every touched GPU. GPUs with the same touched
+    /// range share one statement (`gpu_id IN (...)`), so a body of a thousand GPUs' current
+    /// samples costs a handful of statements, not thousands.
+    pub(crate) async fn reroll(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        touched: &BTreeMap<i64, Touched>,
+    ) -> Result<()> {
+        // Presence: one row per (GPU, hour), new rows only.
+        let pairs: Vec<(i64, i64)> = touched
+            .iter()
+            .flat_map(|(id, t)| t.presence.iter().map(move |h| (*id, *h)))
+            .collect();
+        for chunk in pairs.chunks(PRESENCE_CHUNK) {
+            let sql = format!(
+                "INSERT INTO gpu_hours (gpu_id, hour) VALUES {} ON CONFLICT (gpu_id, hour) DO NOTHING",
+                values(chunk.len(), 2)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            for (id, h) in chunk {
+                q = q.bind(*id).bind(*h);
+            }
+            q.execute(&mut **tx).await?;
+        }
+        let mut activity: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut flags: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut days: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        for (id, t) in touched {
+            if let Some(r) = t.activity {
+                activity.entry(r).or_default().push(*id);
+            }
+            // Every hour whose row may be new or whose allocations changed gets its flag again.
+            let mut range = t.flags;
+            if let (Some(&lo), Some(&hi)) = (t.presence.first(), t.presence.last()) {
+                widen(&mut range, lo, hi + HOUR_SECS);
+            }
+            if let Some((lo, hi)) = t.activity {
+                widen(&mut range, lo, hi);
+            }
+            if let Some((lo, hi)) = range {
+                flags.entry((lo, hi)).or_default().push(*id);
+                days.entry((day_floor(lo), day_floor(hi - 1) + DAY_SECS))
+                    .or_default()
+                    .push(*id);
+            }
+        }
+        for ((lo, hi), ids) in &activity {
+            self.for_ids(tx, ids, *lo, *hi, None,
+                "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
+                 SELECT gpu_id, (ts / 3600) * 3600, COUNT(*), \
+                 SUM(CASE WHEN sm_active IS NOT NULL OR util_pct IS NOT NULL THEN 1 ELSE 0 END), \
+                 COALESCE(SUM(COALESCE(sm_active * 100.0, util_pct)), 0), MAX(mem_used_mib), \
+                 COALESCE(SUM(power_w), 0), COUNT(power_w), 0 \
+                 FROM samples WHERE gpu_id IN (IDS) AND ts >= $1 AND ts < $2 \
+                 GROUP BY gpu_id, (ts / 3600) * 3600 \
+                 ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
+                 act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
+                 power_sum = excluded.power_sum, power_n = excluded.power_n",
+            )
+            .await?;
+        }
+        for ((lo, hi), ids) in &flags {
+            self.for_ids(
+                tx,
+                ids,
+                *lo,
+                *hi,
+                None,
+                &format!(
+                    "UPDATE gpu_hours SET allocated = {ALLOCATED} \
+                     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2"
+                ),
+            )
+            .await?;
+        }
+        for ((lo, hi), ids) in &days {
+            self.for_ids(
+                tx,
+                ids,
+                *lo,
+                *hi,
+                Some(self.settings.idle_threshold_pct),
+                REROLL_DAYS,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Run `sql` with `$1`, `$2` = `lo`, `hi`, `$3` = `extra` when given, and `IDS` replaced by
+    /// the GPU ids (in chunks).
+    pub(crate) async fn for_ids(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+        lo: i64,
+        hi: i64,
+        extra: Option<f64>,
+        sql: &str,
+    ) -> Result<()> {
+        let first = if extra.is_some() { 4 } else { 3 };
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = (0..chunk.len())
+                .map(|n| format!("${}", n + first))
+                .collect();
+            let text = sql.replace("IDS", &marks.join(","));
+            let text = self.sql(&text);
+            let mut q = sqlx::query(&text)
+                .persistent(chunk.len() == 1)
+                .bind(lo)
+                .bind(hi);
+            if let Some(x) = extra {
+                q = q.bind(x);
+            }
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            q.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Recompute every allocated flag once, with the day rollups after it: rollups written
+    /// before an allocation on a MIG instance made its GPU's hour allocated, or before a
+    /// closed allocation's later hours were re-flagged, hold flags the definitions no longer
+    /// give. Only hours flagged allocated and the hours of GPUs with MIG instances can change.
+    pub(crate) async fn refresh_allocated_once(&self) -> Result<()> {
+        let done: Option<String> =
+            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = 'allocated_flags'"))
+                .fetch_optional(self.pool())
+                .await?;
+        if done.is_some() {
+            return Ok(());
+        }
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool().begin().await?;
+        let changed = sqlx::query(&format!(
+            "UPDATE gpu_hours SET allocated = {ALLOCATED} WHERE (allocated = 1 OR gpu_id IN \
+             (SELECT p.id FROM gpus p JOIN gpus c ON c.mig_parent_uuid = p.uuid)) \
+             AND allocated <> {ALLOCATED}"
+        ))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed > 0 {
+            tracing::info!(
+                hours = changed,
+                "re-flagged allocated hours; rebuilding day rollups"
+            );
+            sqlx::query("DELETE FROM gpu_days")
+                .execute(&mut *tx)
+                .await?;
+            let all = REROLL_DAYS.replace("gpu_id IN (IDS)", "1 = 1");
+            sqlx::query(&self.sql(&all))
+                .bind(i64::MIN / 2)
+                .bind(i64::MAX / 2)
+                .bind(self.settings.idle_threshold_pct)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("INSERT INTO meta (key, value) VALUES ('allocated_flags', '2')")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Rebuild every day rollup (after the idle threshold changed).
+    pub(crate) async fn rebuild_days(&self) -> Result<()> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("DELETE FROM gpu_days")
+            .execute(&mut *tx)
+            .await?;
+        // SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT; `1 = 1` keeps one.
+        let all = REROLL_DAYS.replace("gpu_id IN (IDS)", "1 = 1");
+        sqlx::query(&self.sql(&all))
+            .bind(i64::MIN / 2)
+            .bind(i64::MAX / 2)
+            .bind(self.settings.idle_threshold_pct)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presence_covers_the_stale_window() {
+        let mut t = Touched::default();
+        mark_presence(&mut t, 3600 * 10 + 59 * 60, 7200);
+        assert_eq!(
+            t.presence.iter().copied().collect::<Vec<_>>(),
+            vec![36000, 39600, 43200]
+        );
+        let mut t = Touched::default();
+        mark_presence(&mut t, 3600 * 10, 7200);
+        assert_eq!(t.presence.len(), 2);
+    }
+
+    #[test]
+    fn values_numbers_placeholders_row_major() {
+        assert_eq!(values(2, 2), "($1,$2),($3,$4)");
+    }
+}
