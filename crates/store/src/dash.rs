@@ -121,16 +121,11 @@ impl Store {
              JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
         );
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false);
-        for b in binds_at {
-            q = q.bind(b);
-        }
-        q = q.bind(self.settings.idle_threshold_pct);
-        for b in binds {
-            q = q.bind(b);
-        }
-        q.fetch_all(self.pool()).await?.iter().map(point).collect()
+        self.fetch_window_rows(&sql, binds_at, binds)
+            .await?
+            .iter()
+            .map(point)
+            .collect()
     }
 
     /// Mean hourly activity per weekday × hour of day (UTC) over the window.

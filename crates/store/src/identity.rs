@@ -16,6 +16,27 @@ use crate::owners::owner_changed;
 use crate::rollup::{mark_presence, widen, Touched};
 use crate::{Result, Store};
 
+/// A GPU record of `host_gpus`' host as a count-only source describes it.
+fn host_gpu(host_gpus: &HostGpus, uuid: &str, model: &str, observed_at: DateTime<Utc>) -> PushGpu {
+    PushGpu {
+        uuid: uuid.to_string(),
+        model: model.to_string(),
+        memory_mib: host_gpus.memory_mib,
+        host: Some(host_gpus.host.clone()),
+        cluster: host_gpus.cluster.clone(),
+        cloud: host_gpus.cloud,
+        region: host_gpus.region.clone(),
+        instance_type: host_gpus.instance_type.clone(),
+        account: host_gpus.account.clone(),
+        serial: None,
+        pci_bus_id: None,
+        mig_parent_uuid: None,
+        mig_profile: None,
+        labels: host_gpus.labels.clone(),
+        observed_at,
+    }
+}
+
 /// The tables whose rows belong to one GPU (`gpu_id`).
 const GPU_TABLES: [&str; 7] = [
     "gpu_hours",
@@ -74,25 +95,13 @@ impl Store {
                 uuids.iter().chain(&real).map(String::as_str).collect(),
             )
             .await?;
-        let template = |uuid: &str, model: Option<&str>| PushGpu {
-            uuid: uuid.to_string(),
-            model: model
-                .or(host_gpus.model.as_deref())
-                .unwrap_or("unknown")
-                .to_string(),
-            memory_mib: host_gpus.memory_mib,
-            host: Some(host.to_string()),
-            cluster: host_gpus.cluster.clone(),
-            cloud: host_gpus.cloud,
-            region: host_gpus.region.clone(),
-            instance_type: host_gpus.instance_type.clone(),
-            account: host_gpus.account.clone(),
-            serial: None,
-            pci_bus_id: None,
-            mig_parent_uuid: None,
-            mig_profile: None,
-            labels: host_gpus.labels.clone(),
-            observed_at,
+        let template = |uuid: &str, model: Option<&str>| {
+            host_gpu(
+                host_gpus,
+                uuid,
+                model.or(host_gpus.model.as_deref()).unwrap_or("unknown"),
+                observed_at,
+            )
         };
         let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
         for uuid in uuids.iter().chain(&real) {
@@ -183,21 +192,10 @@ impl Store {
             .await?;
         for (uuid, parent, profile) in wanted {
             let g = PushGpu {
-                uuid: uuid.clone(),
-                model: model.to_string(),
                 memory_mib: None,
-                host: Some(host.to_string()),
-                cluster: host_gpus.cluster.clone(),
-                cloud: host_gpus.cloud,
-                region: host_gpus.region.clone(),
-                instance_type: host_gpus.instance_type.clone(),
-                account: host_gpus.account.clone(),
-                serial: None,
-                pci_bus_id: None,
                 mig_parent_uuid: Some(parent),
                 mig_profile: Some(profile),
-                labels: host_gpus.labels.clone(),
-                observed_at,
+                ..host_gpu(host_gpus, &uuid, model, observed_at)
             };
             let old = known.get(&uuid).map(|(_, r)| r);
             let mut rec = merge_gpu(None, &g, &who.source, &self.settings);

@@ -12,6 +12,7 @@ use gpuledger_model::{
     day_floor, hour_floor, AttributeProvenance, GpuDetail, GpuState, GpuView, HourPoint,
     OwnerPeriod, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS,
 };
+use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use crate::rows::{allocation_from_row, gpu_from_row, ts, GPU_COLUMNS};
@@ -28,12 +29,41 @@ pub struct Filters {
 }
 
 impl Filters {
+    /// The filter keys, in the order every page shows them: the one list the query string,
+    /// the filter bar, links and SQL use. They are also what a summary can group by.
+    pub const KEYS: [&'static str; 5] = GroupBy::NAMES;
+
+    /// The values of filter `key` (one of [`Filters::KEYS`]).
+    pub fn values(&self, key: &str) -> &[String] {
+        match key {
+            "team" => &self.team,
+            "env" => &self.env,
+            "cloud" => &self.cloud,
+            "cluster" => &self.cluster,
+            "model" => &self.model,
+            _ => &[],
+        }
+    }
+
+    /// The values of filter `key` to add to; `None` for a name that is no filter.
+    pub fn values_mut(&mut self, key: &str) -> Option<&mut Vec<String>> {
+        Some(match key {
+            "team" => &mut self.team,
+            "env" => &mut self.env,
+            "cloud" => &mut self.cloud,
+            "cluster" => &mut self.cluster,
+            "model" => &mut self.model,
+            _ => return None,
+        })
+    }
+
+    /// Each key with its values, in [`Filters::KEYS`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &[String])> {
+        Filters::KEYS.into_iter().map(|k| (k, self.values(k)))
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.team.is_empty()
-            && self.env.is_empty()
-            && self.cloud.is_empty()
-            && self.cluster.is_empty()
-            && self.model.is_empty()
+        self.iter().all(|(_, v)| v.is_empty())
     }
 
     /// ` AND g.team IN ($n, ...) ...` numbered from `first`, with the values to bind in order.
@@ -51,13 +81,7 @@ impl Filters {
     pub(crate) fn clause_with(&self, first: usize, owner: &str) -> (String, Vec<String>) {
         let mut sql = String::new();
         let mut binds = Vec::new();
-        for (col, vals) in [
-            ("team", &self.team),
-            ("env", &self.env),
-            ("cloud", &self.cloud),
-            ("cluster", &self.cluster),
-            ("model", &self.model),
-        ] {
+        for (col, vals) in self.iter() {
             if vals.is_empty() {
                 continue;
             }
@@ -381,16 +405,7 @@ impl Store {
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false);
-        for b in binds_at {
-            q = q.bind(b);
-        }
-        q = q.bind(self.settings.idle_threshold_pct);
-        for b in binds {
-            q = q.bind(b);
-        }
-        let rows = q.fetch_all(self.pool()).await?;
+        let rows = self.fetch_window_rows(&sql, binds_at, binds).await?;
         rows.iter()
             .map(|r| {
                 let known: i64 = r.try_get("known")?;
@@ -420,6 +435,26 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Run a query over [`window_rows`]: its six bounds, the idle threshold, then the filters'
+    /// values.
+    pub(crate) async fn fetch_window_rows(
+        &self,
+        sql: &str,
+        bounds: [i64; 6],
+        filters: Vec<String>,
+    ) -> Result<Vec<AnyRow>> {
+        let sql = self.sql(sql);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for b in bounds {
+            q = q.bind(b);
+        }
+        q = q.bind(self.settings.idle_threshold_pct);
+        for b in filters {
+            q = q.bind(b);
+        }
+        Ok(q.fetch_all(self.pool()).await?)
     }
 
     /// One row per physical GPU over the window (owner periods folded; team and environment are

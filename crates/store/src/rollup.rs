@@ -236,16 +236,7 @@ impl Store {
                 hours = changed,
                 "re-flagged allocated hours; rebuilding day rollups"
             );
-            sqlx::query("DELETE FROM gpu_days")
-                .execute(&mut *tx)
-                .await?;
-            let all = REROLL_DAYS.replace("gpu_id IN (IDS)", "1 = 1");
-            sqlx::query(&self.sql(&all))
-                .bind(i64::MIN / 2)
-                .bind(i64::MAX / 2)
-                .bind(self.settings.idle_threshold_pct)
-                .execute(&mut *tx)
-                .await?;
+            self.reroll_all_days(&mut tx).await?;
         }
         sqlx::query("INSERT INTO meta (key, value) VALUES ('allocated_flags', '2')")
             .execute(&mut *tx)
@@ -257,8 +248,15 @@ impl Store {
     /// Rebuild every day rollup (after the idle threshold changed).
     pub(crate) async fn rebuild_days(&self) -> Result<()> {
         let mut tx = self.pool().begin().await?;
+        self.reroll_all_days(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every day rollup again from the hour rollups.
+    async fn reroll_all_days(&self, tx: &mut Transaction<'_, Any>) -> Result<()> {
         sqlx::query("DELETE FROM gpu_days")
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
         // SQLite needs a WHERE in INSERT ... SELECT ... ON CONFLICT; `1 = 1` keeps one.
         let all = REROLL_DAYS.replace("gpu_id IN (IDS)", "1 = 1");
@@ -266,9 +264,8 @@ impl Store {
             .bind(i64::MIN / 2)
             .bind(i64::MAX / 2)
             .bind(self.settings.idle_threshold_pct)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        tx.commit().await?;
         Ok(())
     }
 }

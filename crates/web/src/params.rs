@@ -29,14 +29,7 @@ impl Params {
     pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Params, String> {
         let mut p = Params::default();
         for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            let list = match k.as_ref() {
-                "team" => Some(&mut p.filters.team),
-                "env" => Some(&mut p.filters.env),
-                "cloud" => Some(&mut p.filters.cloud),
-                "cluster" => Some(&mut p.filters.cluster),
-                "model" => Some(&mut p.filters.model),
-                _ => None,
-            };
+            let list = p.filters.values_mut(&k);
             if let Some(list) = list {
                 for part in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                     if !list.iter().any(|x| x == part) {
@@ -53,7 +46,7 @@ impl Params {
                 continue;
             }
             if !allowed.contains(&k.as_ref()) {
-                let mut known = vec!["team", "env", "cloud", "cluster", "model"];
+                let mut known = Filters::KEYS.to_vec();
                 known.extend_from_slice(allowed);
                 return Err(format!(
                     "unknown query parameter `{k}`; this endpoint takes: {}",

@@ -417,7 +417,12 @@ async fn page_every_page_renders_the_same_numbers_as_the_api() {
         line.contains(&format!("${:.2}", nlp["cost_usd"].as_f64().unwrap())),
         "{line}"
     );
-    assert_eq!(app.get("/?csv=nope").await.0, 400);
+    let (status, body) = app.get("/?csv=nope").await;
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("<h1>400 Bad Request</h1>") && body.contains("no table `nope`"),
+        "a page's error is a page that says what to change: {body}"
+    );
 
     // Inventory: both GPUs, the MIG instance folded under its GPU, links to the GPU page.
     let (status, inv) = app.get("/inventory?team=nlp,vision").await;

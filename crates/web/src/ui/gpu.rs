@@ -2,13 +2,12 @@
 //! rule that gave it, hourly activity and memory over time, and who used it when.
 
 use askama::Template;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
 use axum::response::Response;
 
 use super::charts::{lines, timeline, Series};
-use super::{col, count, frame, internal, parse, pct, respond, usd, Cell, Frame, Table};
-use crate::{error, AppState};
+use super::{col, count, pct, respond, usd, Cell, Frame, Page, PageError, Table};
+use crate::AppState;
 
 #[derive(Template)]
 #[template(path = "gpu.html")]
@@ -32,28 +31,21 @@ pub struct GpuPage {
 pub async fn gpu_page(
     State(state): State<AppState>,
     Path(uuid): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Response {
-    let p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = state.now();
-    let window = p.window(now);
-    let (detail, sources) = match tokio::try_join!(
-        state.store.gpu_detail(&uuid, window, now),
-        state.store.sources(now)
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
-    let Some(d) = detail else {
-        return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`"));
-    };
-    let f = match frame(&state, &p, &format!("/gpus/{uuid}"), "GPU", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+    page: Page,
+) -> Result<Response, PageError> {
+    let Page {
+        p,
+        now,
+        window,
+        frame: mut f,
+        ..
+    } = page;
+    f.title = "GPU".into();
+    let d = state
+        .store
+        .gpu_detail(&uuid, window, now)
+        .await?
+        .ok_or_else(|| PageError::not_found(format!("no GPU with uuid `{uuid}`")))?;
     let g = &d.gpu;
     let fig = &d.figures;
     let said_by = |attr: &str| {

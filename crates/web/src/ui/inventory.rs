@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 
 use askama::Template;
-use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
+use axum::extract::State;
 use axum::response::Response;
 
-use super::{col, count, frame, internal, ncol, parse, pct, respond, usd, Cell, Frame, Table};
-use crate::{error, AppState};
+use super::{col, count, ncol, pct, respond, usd, Cell, Frame, Page, PageError, Table, Takes};
+use crate::AppState;
 
 pub const PAGE_SIZE: usize = 100;
 
@@ -32,43 +31,39 @@ const SORTS: [(&str, &str); 6] = [
     ("state", "state"),
 ];
 
-pub async fn inventory(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &["sort", "page"]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+/// The Inventory's own parameters.
+pub struct InventoryParams;
+impl Takes for InventoryParams {
+    const PARAMS: &'static [&'static str] = &["sort", "page"];
+}
+
+pub async fn inventory(
+    State(state): State<AppState>,
+    page: Page<InventoryParams>,
+) -> Result<Response, PageError> {
+    let Page {
+        p,
+        now,
+        window,
+        frame: f,
+        ..
+    } = page;
     let sort = p.extra.get("sort").map(String::as_str).unwrap_or("host");
     if !SORTS.iter().any(|(k, _)| *k == sort) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("sort: must be one of cost, activity, host, team, model, state; got `{sort}`"),
-        );
+        return Err(PageError::bad_request(format!(
+            "sort: must be one of cost, activity, host, team, model, state; got `{sort}`"
+        )));
     }
     let page_no: usize = match p.extra.get("page").map(|v| v.parse::<usize>()) {
         None => 1,
         Some(Ok(n)) if n >= 1 => n,
-        Some(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "page: must be a page number from 1",
-            )
-        }
+        Some(_) => return Err(PageError::bad_request("page: must be a page number from 1")),
     };
-    let now = state.now();
-    let window = p.window(now);
     let store = &state.store;
-    let (gpus, windows, sources) = match tokio::try_join!(
+    let (gpus, windows) = tokio::try_join!(
         store.list_gpus(&p.filters, true, now),
         store.gpu_totals(window, &p.filters, now),
-        store.sources(now),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
-    let f = match frame(&state, &p, "/inventory", "Inventory", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+    )?;
     let by_uuid: HashMap<&str, &gpuledger_ledger::GpuWindow> =
         windows.iter().map(|w| (w.uuid.as_str(), w)).collect();
     let mut children: HashMap<&str, Vec<&gpuledger_model::GpuView>> = HashMap::new();
@@ -104,10 +99,9 @@ pub async fn inventory(State(state): State<AppState>, RawQuery(q): RawQuery) -> 
     }
     let pages = physical.len().div_ceil(PAGE_SIZE).max(1);
     if page_no > pages {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("page: there are {pages} page(s)"),
-        );
+        return Err(PageError::bad_request(format!(
+            "page: there are {pages} page(s)"
+        )));
     }
     let mut table = Table::new("inventory", &f, vec![
         col("GPU", "NVIDIA UUID (MIG instances indented under their GPU); follow it for the GPU's timeline."),

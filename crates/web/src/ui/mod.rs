@@ -8,9 +8,11 @@
 #![allow(clippy::result_large_err)]
 
 pub mod charts;
+mod findings;
 mod gpu;
 mod inventory;
 mod overview;
+mod parts;
 mod sources;
 mod teams;
 mod usage;
@@ -297,11 +299,120 @@ const PAGES: [(&str, &str); 7] = [
     ("API", "/api/v1/openapi.json"),
 ];
 
-/// Page parameters every page accepts, plus its own.
-pub fn parse(raw: Option<&str>, own: &[&str]) -> Result<Params, Response> {
-    let mut allowed = vec!["from", "to", "range", "csv"];
-    allowed.extend_from_slice(own);
-    Params::parse(raw, &allowed).map_err(|e| error(StatusCode::BAD_REQUEST, e))
+/// Why a page could not be shown, rendered as a small HTML page with the status and a message
+/// that says what to change. Every page handler returns `Result<Response, PageError>` and uses
+/// `?`; nothing else builds error pages.
+#[derive(Debug)]
+pub struct PageError {
+    status: StatusCode,
+    message: String,
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage<'a> {
+    status: &'a str,
+    message: &'a str,
+}
+
+impl PageError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> PageError {
+        PageError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> PageError {
+        PageError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> PageError {
+        PageError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// The same error as the API gives it: `{"error": ...}`.
+    pub fn json(self) -> Response {
+        error(self.status, self.message)
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let status = self.status.to_string();
+        let page = ErrorPage {
+            status: &status,
+            message: &self.message,
+        };
+        match page.render() {
+            Ok(html) => (self.status, Html(html)).into_response(),
+            Err(_) => (self.status, self.message).into_response(),
+        }
+    }
+}
+
+impl From<gpuledger_store::StoreError> for PageError {
+    fn from(e: gpuledger_store::StoreError) -> PageError {
+        tracing::error!(error = %e, "page query failed");
+        PageError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+/// The page-specific query parameters a page takes besides filters and the range.
+pub trait Takes {
+    const PARAMS: &'static [&'static str];
+}
+
+/// Pages that take nothing but filters and the range.
+pub struct Plain;
+impl Takes for Plain {
+    const PARAMS: &'static [&'static str] = &[];
+}
+
+/// What every page starts from, extracted once per request: its parameters (refused with 400
+/// when unknown or malformed), the clock, the window, the sources (for the freshness banner)
+/// and the frame (navigation, filter bar, banners). The frame's path is the request's; a page
+/// whose title depends on its path sets `frame.title`.
+pub struct Page<K = Plain> {
+    pub p: Params,
+    pub now: chrono::DateTime<chrono::Utc>,
+    pub window: gpuledger_store::Window,
+    pub sources: Vec<SourceView>,
+    pub frame: Frame,
+    kind: std::marker::PhantomData<K>,
+}
+
+impl<K: Takes + Send> axum::extract::FromRequestParts<AppState> for Page<K> {
+    type Rejection = PageError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let mut allowed = vec!["from", "to", "range", "csv"];
+        allowed.extend_from_slice(K::PARAMS);
+        let p = Params::parse(parts.uri.query(), &allowed).map_err(PageError::bad_request)?;
+        let now = state.now();
+        let sources = state.store.sources(now).await?;
+        let path = parts.uri.path().to_string();
+        let title = match path.as_str() {
+            "/" => "Fleet overview",
+            "/usage" => "Usage patterns",
+            p => PAGES
+                .iter()
+                .find(|(_, href)| *href == p)
+                .map_or("gpuledger", |(label, _)| *label),
+        };
+        let frame = frame(state, &p, &path, title, &sources).await?;
+        Ok(Page {
+            window: p.window(now),
+            p,
+            now,
+            sources,
+            frame,
+            kind: std::marker::PhantomData,
+        })
+    }
 }
 
 /// Build the frame: navigation, filter choices, banners.
@@ -311,21 +422,19 @@ pub async fn frame(
     path: &str,
     title: &str,
     sources: &[SourceView],
-) -> Result<Frame, Response> {
+) -> Result<Frame, PageError> {
     let store = &state.store;
     let now = state.now();
     let mut filters = Vec::new();
-    for (name, label, selected) in [
-        ("team", "Team", &p.filters.team),
-        ("env", "Environment", &p.filters.env),
-        ("cloud", "Cloud", &p.filters.cloud),
-        ("cluster", "Cluster", &p.filters.cluster),
-        ("model", "Model", &p.filters.model),
-    ] {
-        let values = store
-            .distinct(name)
-            .await
-            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    for (name, selected) in p.filters.iter() {
+        let label = match name {
+            "env" => "Environment",
+            "team" => "Team",
+            "cloud" => "Cloud",
+            "cluster" => "Cluster",
+            _ => "Model",
+        };
+        let values = store.distinct(name).await?;
         let mut options: Vec<(String, bool)> = values
             .into_iter()
             .map(|v| {
@@ -345,13 +454,7 @@ pub async fn frame(
         });
     }
     let mut carry_pairs: Vec<(String, String)> = Vec::new();
-    for (name, vals) in [
-        ("team", &p.filters.team),
-        ("env", &p.filters.env),
-        ("cloud", &p.filters.cloud),
-        ("cluster", &p.filters.cluster),
-        ("model", &p.filters.model),
-    ] {
+    for (name, vals) in p.filters.iter() {
         for v in vals {
             carry_pairs.push((name.into(), v.clone()));
         }
@@ -447,32 +550,23 @@ pub async fn frame(
 }
 
 /// Render a page, or the table named by `?csv=` as CSV.
-pub fn respond(page: &impl Template, tables: &[&Table], p: &Params) -> Response {
+pub fn respond(page: &impl Template, tables: &[&Table], p: &Params) -> Result<Response, PageError> {
     if let Some(id) = p.extra.get("csv") {
         return match tables.iter().find(|t| &t.id == id) {
-            Some(t) => t.to_csv(),
-            None => error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "csv: no table `{id}` on this page; tables: {}",
-                    tables
-                        .iter()
-                        .map(|t| t.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ),
+            Some(t) => Ok(t.to_csv()),
+            None => Err(PageError::bad_request(format!(
+                "csv: no table `{id}` on this page; tables: {}",
+                tables
+                    .iter()
+                    .map(|t| t.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
         };
     }
-    match page.render() {
-        Ok(html) => Html(html).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("template: {e}")),
-    }
-}
-
-pub fn internal(e: impl std::fmt::Display) -> Response {
-    tracing::error!(error = %e, "page query failed");
-    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    page.render()
+        .map(|html| Html(html).into_response())
+        .map_err(|e| PageError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("template: {e}")))
 }
 
 #[cfg(test)]

@@ -2,15 +2,17 @@
 //! inefficiencies with $ per month, and a freshness strip of every source.
 
 use askama::Template;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::response::Response;
 use gpuledger_ledger::{summarize, GroupBy};
-use gpuledger_model::{GpuState, SummaryGroup};
+use gpuledger_model::GpuState;
 
 use super::charts::{stacked, Series};
+use super::findings::findings;
+use super::parts::{cost_basis_text, spend_table};
 use super::{
-    col, count, frame, internal, ncol, parse, pct, respond, share, status_text, usd, usd0, Cell,
-    Frame, Table,
+    col, count, ncol, pct, respond, share, status_text, usd, usd0, Cell, Frame, Page, PageError,
+    Table,
 };
 use crate::AppState;
 
@@ -50,90 +52,27 @@ pub struct Overview {
     pub sources_href: String,
 }
 
-/// A spend table (team or environment) with links to drill down.
-pub fn spend_table(
-    id: &str,
-    f: &Frame,
-    first: &str,
-    groups: &[SummaryGroup],
-    link: impl Fn(&str) -> Option<String>,
-) -> Table {
-    let mut t = Table::new(
-        id,
-        f,
-        vec![
-            col(
-                first,
-                "The group; `unowned` / `unknown` are GPUs no rule places.",
-            ),
-            ncol("GPUs", "Physical GPUs present at some hour of the range."),
-            ncol("GPU-hours", "Hours each GPU was present in the range."),
-            ncol(
-                "Avg activity",
-                "Mean hourly activity over the hours whose activity is known.",
-            ),
-            ncol("Cost", "Σ present hours × rate (estimate)."),
-            ncol(
-                "Billed",
-                "What imported billing exports billed for the group's GPU-hours they cover (with \
-                 those hours); '—' where the cost is an estimate only.",
-            ),
-            ncol("Idle cost", "Σ idle hours × rate."),
-            ncol(
-                "Allocated-idle cost",
-                "Σ hours both allocated and idle × rate.",
-            ),
-        ],
-    );
-    for g in groups {
-        let mut key = Cell::text(g.key.clone());
-        if let Some(h) = link(&g.key) {
-            key = key.link(h);
-        }
-        t.push(vec![
-            key,
-            Cell::num(count(g.gpus), g.gpus as f64),
-            Cell::num(count(g.gpu_hours), g.gpu_hours as f64),
-            Cell::num(pct(g.avg_activity_pct), g.avg_activity_pct.unwrap_or(-1.0)),
-            Cell::num(usd(g.cost_usd), g.cost_usd),
-            Cell::num(billed_text(g), g.billed_usd),
-            Cell::num(usd(g.idle_cost_usd), g.idle_cost_usd),
-            Cell::num(usd(g.allocated_idle_cost_usd), g.allocated_idle_cost_usd),
-        ]);
-    }
-    t
-}
-
-pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = state.now();
-    let window = p.window(now);
+pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Response, PageError> {
+    let Page {
+        p,
+        now,
+        window,
+        sources,
+        frame: f,
+        ..
+    } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (windows, gpus, sources, series) = match tokio::try_join!(
+    let (windows, gpus, series) = tokio::try_join!(
         store.gpu_windows(window, &p.filters, now),
         store.list_gpus(&p.filters, false, now),
-        store.sources(now),
         store.series(window, &p.filters, daily, now),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
+    )?;
     // One read of the per-GPU counts serves both groupings and the waste findings.
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
     let (env_groups, _) = summarize(&windows, GroupBy::Env);
-    let f = match frame(&state, &p, "/", "Fleet overview", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
     let per_gpu = gpuledger_ledger::summary::per_gpu(windows.clone());
-    let found = match super::waste::findings(&state, &p, &f, 7, &gpus, &per_gpu).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
+    let found = findings(&state, &p, &f, 7, &gpus, &per_gpu).await?;
     let t = &total;
     let present = gpus.iter().filter(|g| g.state == GpuState::Present).count() as i64;
     let width = |part: i64| {
@@ -264,30 +203,4 @@ pub async fn overview(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     };
     let tables = [&page.by_team, &page.by_env, &page.top_waste];
     respond(&page, &tables, &p)
-}
-
-/// `$1,234.00 (410 h)`: what was billed for a group's reconciled GPU-hours, or `—`.
-pub fn billed_text(g: &SummaryGroup) -> String {
-    if g.billed_gpu_hours > 0 {
-        format!("{} ({} h)", usd(g.billed_usd), count(g.billed_gpu_hours))
-    } else {
-        "—".into()
-    }
-}
-
-/// The cost card's basis: an estimate, or partly or wholly reconciled with billing.
-pub fn cost_basis_text(t: &SummaryGroup) -> String {
-    match t.cost_basis {
-        gpuledger_model::CostBasis::Estimate => {
-            "estimate: no billing export covers the range".into()
-        }
-        basis => format!(
-            "{}: billed {} for {} of {} GPU-hours (estimated {} for those)",
-            basis.as_str(),
-            usd(t.billed_usd),
-            count(t.billed_gpu_hours),
-            count(t.gpu_hours),
-            usd(t.billed_estimate_usd)
-        ),
-    }
 }

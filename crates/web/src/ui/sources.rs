@@ -2,12 +2,10 @@
 //! error, and how many GPUs it reports.
 
 use askama::Template;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::response::Response;
 
-use super::{
-    col, count, frame, internal, lag, ncol, parse, respond, status_text, Cell, Frame, Table,
-};
+use super::{col, count, lag, ncol, respond, status_text, Cell, Frame, Page, PageError, Table};
 use crate::AppState;
 
 #[derive(Template)]
@@ -17,19 +15,16 @@ pub struct SourcesPage {
     pub table: Table,
 }
 
-pub async fn sources_page(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let sources = match state.store.sources(state.now()).await {
-        Ok(s) => s,
-        Err(e) => return internal(e),
-    };
-    let f = match frame(&state, &p, "/sources", "Sources", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+pub async fn sources_page(
+    State(state): State<AppState>,
+    page: Page,
+) -> Result<Response, PageError> {
+    let Page {
+        p,
+        sources,
+        frame: f,
+        ..
+    } = page;
     let objective = state.store.settings().freshness_objective_secs;
     let mut table = Table::new("sources", &f, vec![
         col("Source", "The name its token or collector reports as."),

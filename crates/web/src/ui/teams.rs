@@ -4,15 +4,15 @@
 use std::collections::BTreeMap;
 
 use askama::Template;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::response::Response;
 use chrono::Duration;
 use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
 use gpuledger_ledger::GroupBy;
 use gpuledger_store::Window;
 
-use super::overview::spend_table;
-use super::{col, count, frame, internal, ncol, parse, pct, respond, usd, Cell, Frame, Table};
+use super::parts::{billed_text, spend_table};
+use super::{col, count, ncol, pct, respond, usd, Cell, Frame, Page, PageError, Table};
 use crate::AppState;
 
 #[derive(Template)]
@@ -43,13 +43,14 @@ fn trend(this: Option<f64>, last: Option<f64>) -> (String, f64) {
     }
 }
 
-pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = state.now();
-    let window = p.window(now);
+pub async fn teams(State(state): State<AppState>, page: Page) -> Result<Response, PageError> {
+    let Page {
+        p,
+        now,
+        window,
+        frame: f,
+        ..
+    } = page;
     let store = &state.store;
     let n = now.timestamp();
     let this_week = Window {
@@ -60,20 +61,12 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         from: (now - Duration::days(14)).timestamp(),
         to: (now - Duration::days(7)).timestamp(),
     };
-    let (owned, used, wk, prev, sources) = match tokio::try_join!(
+    let (owned, used, wk, prev) = tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Team, now),
         store.used_by_cost(window, &p.filters, now),
         store.summary(this_week, &p.filters, GroupBy::Team, now),
         store.summary(last_week, &p.filters, GroupBy::Team, now),
-        store.sources(now),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
-    let f = match frame(&state, &p, "/teams", "Teams", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+    )?;
     let used: BTreeMap<&str, &UsedBy> = used
         .iter()
         .filter(|u| u.team != UNALLOCATED)
@@ -165,7 +158,7 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
                 u.map(|u| u.cost_usd).unwrap_or(0.0),
             ),
             Cell::num(usd(g.cost_usd), g.cost_usd),
-            Cell::num(super::overview::billed_text(&g), g.billed_usd),
+            Cell::num(billed_text(&g), g.billed_usd),
             Cell::num(usd(g.idle_cost_usd), g.idle_cost_usd),
             Cell::num(pct(g.avg_activity_pct), g.avg_activity_pct.unwrap_or(-1.0)),
             Cell::num(t, dv),
@@ -189,41 +182,24 @@ pub struct TeamPage {
 pub async fn team_page(
     State(state): State<AppState>,
     Path(team): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Response {
-    let mut p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = state.now();
-    let window = p.window(now);
+    page: Page,
+) -> Result<Response, PageError> {
+    let Page {
+        mut p,
+        now,
+        window,
+        frame: mut f,
+        ..
+    } = page;
+    f.title = format!("Team {team}");
     let store = &state.store;
-    let sources = match store.sources(now).await {
-        Ok(s) => s,
-        Err(e) => return internal(e),
-    };
-    let f = match frame(
-        &state,
-        &p,
-        &format!("/teams/{team}"),
-        &format!("Team {team}"),
-        &sources,
-    )
-    .await
-    {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
     p.filters.team = vec![team.clone()];
-    let (by_env, gpus, windows, allocs) = match tokio::try_join!(
+    let (by_env, gpus, windows, allocs) = tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Env, now),
         store.list_gpus(&p.filters, false, now),
         store.gpu_totals(window, &p.filters, now),
         store.allocations_in(window, &p.filters, 200),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
+    )?;
     let mut groups = by_env.groups.clone();
     let mut total = by_env.total.clone();
     total.key = "total".into();

@@ -3,12 +3,12 @@
 //! so rhythms, bursts and long-idle GPUs are visible.
 
 use askama::Template;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::response::Response;
 use gpuledger_store::SeriesPoint;
 
 use super::charts::{heatmap, lines, stacked, Series};
-use super::{col, count, frame, internal, ncol, parse, pct, respond, Cell, Frame, Table};
+use super::{col, count, ncol, pct, respond, Cell, Frame, Page, PageError, Table};
 use crate::AppState;
 
 #[derive(Template)]
@@ -38,35 +38,28 @@ fn weekly(days: Vec<SeriesPoint>) -> Vec<SeriesPoint> {
     out
 }
 
-pub async fn usage(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match parse(q.as_deref(), &[]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = state.now();
-    let window = p.window(now);
+pub async fn usage(State(state): State<AppState>, page: Page) -> Result<Response, PageError> {
+    let Page {
+        p,
+        now,
+        window,
+        frame: f,
+        ..
+    } = page;
     let store = &state.store;
     let span_days = (window.to.min(now.timestamp()) - window.from) / 86_400;
     let daily = span_days > 2;
-    let (series, map, windows, sources) = match tokio::try_join!(
+    let (series, map, windows) = tokio::try_join!(
         store.series(window, &p.filters, daily, now),
         store.heatmap(window, &p.filters, now),
         store.gpu_totals(window, &p.filters, now),
-        store.sources(now),
-    ) {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
+    )?;
     let (series, bucket) = if span_days > 60 {
         (weekly(series), "week")
     } else if daily {
         (series, "day")
     } else {
         (series, "hour")
-    };
-    let f = match frame(&state, &p, "/usage", "Usage patterns", &sources).await {
-        Ok(f) => f,
-        Err(r) => return r,
     };
     let bucket_hours = match bucket {
         "hour" => 1.0,

@@ -1,319 +1,16 @@
-//! The Waste page: idle GPUs, allocated-but-idle workloads, GPUs whose memory use stays far
-//! below capacity, missing GPUs, and GPU spend billed for instances no source reports, each
-//! with its $ per month and a link to the evidence.
+//! The Waste page: idle GPUs, GPUs nobody measures, allocated-but-idle workloads, GPUs whose
+//! memory use stays far below capacity, missing GPUs, and GPU spend billed for instances no
+//! source reports, each with its $ per month and a link to the evidence (`findings`).
 
 use askama::Template;
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use std::collections::HashMap;
-
 use gpuledger_ledger::summary::round;
-use gpuledger_ledger::waste::{
-    activity_finding, allocated_idle_finding, billed_unseen_finding, low_memory_finding,
-    missing_finding, per_month, rank, total_per_month, ActivityEvidence, BilledUnseen, Finding,
-    FindingKind,
-};
+use gpuledger_ledger::waste::{total_per_month, Finding};
 
-use super::{col, count, frame, internal, ncol, parse, respond, usd0, Cell, Frame, Table};
-use crate::params::Params;
+use super::findings::{findings, Findings};
+use super::{respond, usd0, Frame, Page, PageError, Table, Takes};
 use crate::AppState;
-
-/// Every finding of the Waste page, with the tables that show them.
-pub struct Findings {
-    pub idle: Table,
-    pub unmeasured: Table,
-    pub alloc_idle: Table,
-    pub low_mem: Table,
-    pub missing: Table,
-    pub billed_unseen: Table,
-    /// Every finding, ranked by `ledger::waste::rank`, with evidence links carrying the page's
-    /// filters and range.
-    pub all: Vec<Finding>,
-}
-
-/// `$1,235`, or `unknown` where a finding cannot be priced (no rate).
-fn month_cell(m: Option<f64>) -> Cell {
-    Cell::num(
-        m.map(usd0).unwrap_or_else(|| "unknown".into()),
-        m.unwrap_or(-1.0),
-    )
-}
-
-/// Everything the Waste page lists, for the window and filters of `p`.
-/// `gpus` and `windows` are the page's GPU list and per-GPU counts for the same filters.
-pub async fn findings(
-    state: &AppState,
-    p: &Params,
-    f: &Frame,
-    idle_days: i64,
-    gpus: &[gpuledger_model::GpuView],
-    windows: &[gpuledger_ledger::GpuWindow],
-) -> Result<Findings, Response> {
-    let store = &state.store;
-    let now = state.now();
-    let window = p.window(now);
-    let window_hours = ((window.to.min(now.timestamp()) - window.from) as f64 / 3600.0).max(1.0);
-    let (evidence, workloads) = tokio::try_join!(
-        store.activity_evidence(&p.filters),
-        store.idle_workloads(window, &p.filters, now),
-    )
-    .map_err(internal)?;
-    let evidence: HashMap<&str, ActivityEvidence> =
-        evidence.iter().map(|(u, e)| (u.as_str(), *e)).collect();
-    let mut all = Vec::new();
-    let link = |x: &Finding| -> String {
-        if x.evidence.starts_with("/api/") {
-            x.evidence.clone()
-        } else {
-            f.link(&x.evidence)
-        }
-    };
-
-    let gpu_cols = |last: (&str, &str)| {
-        vec![
-            col("GPU", "The GPU's UUID; follow it for its timeline."),
-            col("Host", "Where it runs."),
-            col("Team", "Owner team (cost is charged to the owner)."),
-            col("Model", "GPU model."),
-            ncol(last.0, last.1),
-            ncol(
-                "$/month",
-                "Hourly rate × 730 h: what keeping it costs per month.",
-            ),
-        ]
-    };
-    let mut idle = Table::new(
-        "idle-gpus",
-        f,
-        gpu_cols((
-            "Idle for",
-            "Days since the last day with a busy hour (activity at or above the idle \
-             threshold), counted from its first sighting when it never had one. Only GPUs \
-             whose activity is measured are listed.",
-        )),
-    );
-    let mut unmeasured = Table::new(
-        "no-activity-data",
-        f,
-        gpu_cols((
-            "Unmeasured for",
-            "Days without any activity data: no source reports its utilization. Not counted \
-             as idle and not in the total; connect a metrics source to know.",
-        )),
-    );
-    let mut found: Vec<(Finding, i64, &gpuledger_model::GpuView)> = gpus
-        .iter()
-        .filter_map(|g| {
-            let ev = evidence.get(g.uuid.as_str()).copied().unwrap_or_default();
-            activity_finding(g, ev, now.timestamp(), idle_days).map(|(x, d)| (x, d, g))
-        })
-        .collect();
-    found.sort_by(|a, b| {
-        b.0.usd_per_month
-            .unwrap_or(-1.0)
-            .total_cmp(&a.0.usd_per_month.unwrap_or(-1.0))
-            .then(b.1.cmp(&a.1))
-            .then(a.2.uuid.cmp(&b.2.uuid))
-    });
-    for (x, days, g) in found {
-        let table = match x.kind {
-            FindingKind::IdleGpu => &mut idle,
-            _ => &mut unmeasured,
-        };
-        table.push(vec![
-            Cell::text(g.uuid.clone()).link(link(&x)),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
-            Cell::text(g.model.clone()),
-            Cell::num(format!("{days} d"), days as f64),
-            month_cell(g.usd_per_hour.map(per_month)),
-        ]);
-        all.push(x);
-    }
-
-    let mut alloc_idle = Table::new(
-        "allocated-idle",
-        f,
-        vec![
-            col(
-                "Workload",
-                "The allocation (pod, job, process) holding the GPUs.",
-            ),
-            col("Kind", "pod, slurm_job, process, reservation or other."),
-            col(
-                "Used by",
-                "The team the allocation names (`unowned` when it names none).",
-            ),
-            col("Owner", "The team owning the GPUs."),
-            ncol("GPUs", "GPUs it held while idle."),
-            ncol(
-                "Allocated-idle h",
-                "Its hours allocated and idle (activity below the threshold) in the range; an \
-                 hour shared with other workloads counts its share.",
-            ),
-            ncol(
-                "$/month",
-                "Allocated-idle hours × rate, scaled from the range to 730 h; unknown when \
-                 every hour is on GPUs without a rate.",
-            ),
-        ],
-    );
-    for w in workloads.iter().take(100) {
-        let x = allocated_idle_finding(w, window_hours);
-        alloc_idle.push(vec![
-            Cell::text(w.workload.clone()),
-            Cell::text(w.kind.clone()),
-            Cell::text(w.used_by.clone()),
-            Cell::text(w.owner.clone()).link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
-            Cell::num(count(w.gpus), w.gpus as f64),
-            Cell::num(
-                format!("{:.1}", w.allocated_idle_hours),
-                w.allocated_idle_hours,
-            ),
-            month_cell(x.usd_per_month),
-        ]);
-        all.push(x);
-    }
-
-    let mut low_mem = Table::new(
-        "low-memory",
-        f,
-        vec![
-            col("GPU", "The GPU's UUID."),
-            col("Team", "Owner team."),
-            col("Model", "GPU model and its memory."),
-            ncol(
-                "Peak memory used",
-                "Highest memory use in the range, as a share of the GPU's memory.",
-            ),
-            ncol("Avg activity", "Mean hourly activity over known hours."),
-            ncol(
-                "$/month",
-                "Hourly rate × 730 h; a smaller GPU or a MIG slice would cost a fraction.",
-            ),
-        ],
-    );
-    let mut lows: Vec<_> = windows
-        .iter()
-        .filter_map(|w| low_memory_finding(w).map(|(share, x)| (w, share, x)))
-        .collect();
-    lows.sort_by(|a, b| {
-        b.0.usd_per_hour
-            .unwrap_or(0.0)
-            .total_cmp(&a.0.usd_per_hour.unwrap_or(0.0))
-            .then(a.0.uuid.cmp(&b.0.uuid))
-    });
-    for (w, share, x) in lows {
-        let act = w.avg_activity_pct();
-        low_mem.push(vec![
-            Cell::text(w.uuid.clone()).link(link(&x)),
-            Cell::text(w.team.clone()),
-            Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
-            Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
-            Cell::num(super::pct(act), act.unwrap_or(-1.0)),
-            month_cell(w.usd_per_hour.map(per_month)),
-        ]);
-        all.push(x);
-    }
-
-    let mut missing = Table::new(
-        "missing",
-        f,
-        vec![
-            col("GPU", "The GPU's UUID."),
-            col("Host", "Where it was last seen."),
-            col("Team", "Owner team."),
-            col("Source", "The source that reported it."),
-            col(
-                "Last seen",
-                "Its last observation; missing after the stale window (2 h).",
-            ),
-            ncol(
-                "$/month",
-                "Hourly rate × 730 h, if it is still being paid for.",
-            ),
-        ],
-    );
-    for (g, x) in gpus
-        .iter()
-        .filter_map(|g| missing_finding(g).map(|x| (g, x)))
-    {
-        missing.push(vec![
-            Cell::text(g.uuid.clone()).link(link(&x)),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.team.clone()),
-            Cell::text(g.source.clone()),
-            Cell::text(g.last_seen.format("%Y-%m-%d %H:%M UTC").to_string()),
-            month_cell(x.usd_per_month),
-        ]);
-        all.push(x);
-    }
-    let mut billed_unseen = Table::new(
-        "billed-unseen",
-        f,
-        vec![
-            col(
-                "Resource",
-                "The billing export's ResourceId: an instance no source reports.",
-            ),
-            col("Instance type", "As the export names it."),
-            col("Billed", "First and last charge period in the range (UTC)."),
-            ncol(
-                "Billed in range",
-                "EffectiveCost of its GPU lines in the range.",
-            ),
-            ncol(
-                "$/month",
-                "What it was billed per day in the range × 30.4 days.",
-            ),
-            col("Export", "The imported file (GET /api/v1/billing)."),
-        ],
-    );
-    // Billing exports carry no team or GPU attributes: shown only without filters.
-    if p.filters.is_empty() {
-        let unseen = store
-            .billed_unseen(window.from, window.to.min(now.timestamp()))
-            .await
-            .map_err(internal)?;
-        for u in unseen {
-            let b = BilledUnseen {
-                resource_id: u.resource_id.clone(),
-                instance_type: u.instance_type.clone(),
-                effective_cost: u.effective_cost,
-                first: u.first.timestamp(),
-                last: u.last.timestamp(),
-                file: u.file.clone(),
-            };
-            let x = billed_unseen_finding(&b);
-            billed_unseen.push(vec![
-                Cell::text(u.resource_id.clone()),
-                Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
-                Cell::text(format!(
-                    "{} – {}",
-                    u.first.format("%Y-%m-%d"),
-                    u.last.format("%Y-%m-%d")
-                )),
-                Cell::num(super::usd(u.effective_cost), u.effective_cost),
-                month_cell(x.usd_per_month),
-                Cell::text(u.file.clone()),
-            ]);
-            all.push(x);
-        }
-    }
-    rank(&mut all);
-    for x in &mut all {
-        x.evidence = link(x);
-    }
-    Ok(Findings {
-        idle,
-        unmeasured,
-        alloc_idle,
-        low_mem,
-        missing,
-        billed_unseen,
-        all,
-    })
-}
 
 #[derive(Template)]
 #[template(path = "waste.html")]
@@ -330,64 +27,72 @@ pub struct WastePage {
     pub billed_unseen: Table,
 }
 
-/// `GET /api/v1/savings`: the Waste page's findings as JSON — waste with its $ per month,
-/// largest first, then GPUs with no activity data (no $: unknown is not waste) — each with its
-/// kind, team, evidence link and the figures behind it.
-pub async fn savings_api(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let (found, idle_days) = match load(&state, q.as_deref()).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let all = found.2.all;
-    let items: Vec<Finding> = all
-        .into_iter()
-        .map(|mut x| {
-            x.usd_per_month = x.usd_per_month.map(|m| round(m, 2));
-            x
-        })
-        .collect();
-    axum::Json(serde_json::json!({
-        "idle_days": idle_days,
-        "usd_per_month": total_per_month(&items),
-        "count": items.len(),
-        "items": items,
-    }))
-    .into_response()
+/// The Waste page's own parameter: `idle_days`.
+pub struct WasteParams;
+impl Takes for WasteParams {
+    const PARAMS: &'static [&'static str] = &["idle_days"];
 }
 
-/// Params, frame and findings for the page and the API.
+/// `GET /api/v1/savings`: the Waste page's findings as JSON — waste with its $ per month,
+/// largest first, then GPUs with no activity data (no $: unknown is not waste) — each with its
+/// kind, team, evidence link and the figures behind it. Errors are JSON, as for every API.
+pub async fn savings_api(
+    State(state): State<AppState>,
+    page: Result<Page<WasteParams>, PageError>,
+) -> Response {
+    match load(&state, page).await {
+        Ok((_, found, idle_days)) => {
+            let items: Vec<Finding> = found
+                .all
+                .into_iter()
+                .map(|mut x| {
+                    x.usd_per_month = x.usd_per_month.map(|m| round(m, 2));
+                    x
+                })
+                .collect();
+            axum::Json(serde_json::json!({
+                "idle_days": idle_days,
+                "usd_per_month": total_per_month(&items),
+                "count": items.len(),
+                "items": items,
+            }))
+            .into_response()
+        }
+        Err(e) => e.json(),
+    }
+}
+
+/// The page context, findings and `idle_days` for the page and the API.
 async fn load(
     state: &AppState,
-    q: Option<&str>,
-) -> Result<((Params, Frame, Findings), i64), Response> {
-    let p = parse(q, &["idle_days"])?;
-    let idle_days = match p.extra.get("idle_days").map(|v| v.parse::<i64>()) {
+    page: Result<Page<WasteParams>, PageError>,
+) -> Result<(Page<WasteParams>, Findings, i64), PageError> {
+    let page = page?;
+    let idle_days = match page.p.extra.get("idle_days").map(|v| v.parse::<i64>()) {
         None => 7,
         Some(Ok(d)) if (1..=365).contains(&d) => d,
         Some(_) => {
-            return Err(crate::error(
-                axum::http::StatusCode::BAD_REQUEST,
+            return Err(PageError::bad_request(
                 "idle_days: must be a whole number of days within 1..=365",
             ))
         }
     };
-    let sources = state.store.sources(state.now()).await.map_err(internal)?;
-    let f = frame(state, &p, "/waste", "Waste", &sources).await?;
-    let now = state.now();
     let (gpus, windows) = tokio::try_join!(
-        state.store.list_gpus(&p.filters, false, now),
-        state.store.gpu_totals(p.window(now), &p.filters, now),
-    )
-    .map_err(internal)?;
-    let found = findings(state, &p, &f, idle_days, &gpus, &windows).await?;
-    Ok(((p, f, found), idle_days))
+        state.store.list_gpus(&page.p.filters, false, page.now),
+        state
+            .store
+            .gpu_totals(page.window, &page.p.filters, page.now),
+    )?;
+    let found = findings(state, &page.p, &page.frame, idle_days, &gpus, &windows).await?;
+    Ok((page, found, idle_days))
 }
 
-pub async fn waste(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let ((p, f, found), idle_days) = match load(&state, q.as_deref()).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
+pub async fn waste(
+    State(state): State<AppState>,
+    page: Result<Page<WasteParams>, PageError>,
+) -> Result<Response, PageError> {
+    let (page, found, idle_days) = load(&state, page).await?;
+    let (p, f) = (page.p, page.frame);
     let total = total_per_month(&found.all);
     let page = WastePage {
         idle_links: [3, 7, 14, 30]
