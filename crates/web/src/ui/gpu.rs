@@ -48,6 +48,107 @@ pub async fn gpu_page(
         .ok_or_else(|| PageError::not_found(format!("no GPU with uuid `{uuid}`")))?;
     let g = &d.gpu;
     let fig = &d.figures;
+    let attrs = attributes(&d);
+    let thr = state.store.settings().idle_threshold_pct;
+    let labels: Vec<String> = d
+        .hours
+        .iter()
+        .map(|h| h.hour.format("%m-%d %H:00").to_string())
+        .collect();
+    let activity_svg = lines(
+        "Hourly activity",
+        &labels,
+        &[
+            Series {
+                name: "activity (% of hour, gaps = unknown)".into(),
+                color: "var(--busy)".into(),
+                values: d.hours.iter().map(|h| h.activity_pct).collect(),
+            },
+            Series {
+                name: format!("idle threshold {thr} %"),
+                color: "var(--idle)".into(),
+                values: d.hours.iter().map(|_| Some(thr)).collect(),
+            },
+        ],
+        100.0,
+        " %",
+    );
+    let mem_cap = g.memory_mib.map(|m| m as f64);
+    let mem_max = d
+        .hours
+        .iter()
+        .filter_map(|h| h.mem_used_mib_max)
+        .fold(0.0, f64::max);
+    let memory_svg = lines(
+        "Peak memory used per hour",
+        &labels,
+        &[Series {
+            name: "peak memory used (MiB)".into(),
+            color: "var(--alloc)".into(),
+            values: d.hours.iter().map(|h| h.mem_used_mib_max).collect(),
+        }],
+        mem_cap.unwrap_or(mem_max).max(1.0),
+        "",
+    );
+    let end = window.to.min(now.timestamp());
+    let rows: Vec<(String, i64, i64, bool)> = d
+        .allocations
+        .iter()
+        .take(20)
+        .map(|a| {
+            let who = a
+                .user
+                .clone()
+                .or(a.team.clone())
+                .map(|u| format!(" ({u})"))
+                .unwrap_or_default();
+            (
+                format!("{}{who}", a.workload),
+                a.start.timestamp().max(window.from),
+                a.end.map(|e| e.timestamp()).unwrap_or(end).min(end),
+                a.end.is_none(),
+            )
+        })
+        .collect();
+    let timeline_svg = timeline("Allocations on this GPU", window.from, end, &rows);
+    let (allocations, provenance, owners) = tables(&f, &d);
+    let page = GpuPage {
+        uuid: g.uuid.clone(),
+        attrs,
+        hours: count(fig.gpu_hours),
+        activity: pct(fig.avg_activity_pct),
+        cost: fig.cost_usd.map(usd).unwrap_or_else(|| "unknown".into()),
+        cost_basis: if d.billed_gpu_hours > 0 {
+            format!(
+                "{}: billed {} for {} of {} GPU-hours",
+                d.cost_basis.as_str(),
+                usd(d.billed_usd),
+                count(d.billed_gpu_hours),
+                count(fig.gpu_hours)
+            )
+        } else {
+            "estimate: no billing export covers the range".into()
+        },
+        alloc_idle_cost: fig
+            .allocated_idle_cost_usd
+            .map(usd)
+            .unwrap_or_else(|| "unknown".into()),
+        activity_svg,
+        memory_svg,
+        timeline_svg,
+        allocations,
+        provenance,
+        owners,
+        frame: f,
+    };
+    let tables = [&page.allocations, &page.provenance, &page.owners];
+    respond(&page, &tables, &p)
+}
+
+/// Each attribute with its value and where it came from (the source and time, or the rule).
+fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
+    let g = &d.gpu;
+    let fig = &d.figures;
     let said_by = |attr: &str| {
         let by: Vec<String> = d
             .provenance
@@ -153,71 +254,14 @@ pub async fn gpu_page(
             "a count-only source knows this GPU exists; a UUID-aware source will name it".into(),
         ));
     }
-    let thr = state.store.settings().idle_threshold_pct;
-    let labels: Vec<String> = d
-        .hours
-        .iter()
-        .map(|h| h.hour.format("%m-%d %H:00").to_string())
-        .collect();
-    let activity_svg = lines(
-        "Hourly activity",
-        &labels,
-        &[
-            Series {
-                name: "activity (% of hour, gaps = unknown)".into(),
-                color: "var(--busy)".into(),
-                values: d.hours.iter().map(|h| h.activity_pct).collect(),
-            },
-            Series {
-                name: format!("idle threshold {thr} %"),
-                color: "var(--idle)".into(),
-                values: d.hours.iter().map(|_| Some(thr)).collect(),
-            },
-        ],
-        100.0,
-        " %",
-    );
-    let mem_cap = g.memory_mib.map(|m| m as f64);
-    let mem_max = d
-        .hours
-        .iter()
-        .filter_map(|h| h.mem_used_mib_max)
-        .fold(0.0, f64::max);
-    let memory_svg = lines(
-        "Peak memory used per hour",
-        &labels,
-        &[Series {
-            name: "peak memory used (MiB)".into(),
-            color: "var(--alloc)".into(),
-            values: d.hours.iter().map(|h| h.mem_used_mib_max).collect(),
-        }],
-        mem_cap.unwrap_or(mem_max).max(1.0),
-        "",
-    );
-    let end = window.to.min(now.timestamp());
-    let rows: Vec<(String, i64, i64, bool)> = d
-        .allocations
-        .iter()
-        .take(20)
-        .map(|a| {
-            let who = a
-                .user
-                .clone()
-                .or(a.team.clone())
-                .map(|u| format!(" ({u})"))
-                .unwrap_or_default();
-            (
-                format!("{}{who}", a.workload),
-                a.start.timestamp().max(window.from),
-                a.end.map(|e| e.timestamp()).unwrap_or(end).min(end),
-                a.end.is_none(),
-            )
-        })
-        .collect();
-    let timeline_svg = timeline("Allocations on this GPU", window.from, end, &rows);
+    attrs
+}
+
+/// The allocations, provenance and owner-history tables.
+fn tables(f: &Frame, d: &gpuledger_model::GpuDetail) -> (Table, Table, Table) {
     let mut allocations = Table::new(
         "allocations",
-        &f,
+        f,
         vec![
             col(
                 "Workload",
@@ -259,7 +303,7 @@ pub async fn gpu_page(
     }
     let mut provenance = Table::new(
         "provenance",
-        &f,
+        f,
         vec![
             col("Attribute", "The attribute as the source sent it."),
             col("Value", "What the source said."),
@@ -277,7 +321,7 @@ pub async fn gpu_page(
     }
     let mut owners = Table::new(
         "owners",
-        &f,
+        f,
         vec![
             col(
                 "From",
@@ -308,37 +352,7 @@ pub async fn gpu_page(
             Cell::text(o.reason.clone()),
         ]);
     }
-    let page = GpuPage {
-        uuid: g.uuid.clone(),
-        attrs,
-        hours: count(fig.gpu_hours),
-        activity: pct(fig.avg_activity_pct),
-        cost: fig.cost_usd.map(usd).unwrap_or_else(|| "unknown".into()),
-        cost_basis: if d.billed_gpu_hours > 0 {
-            format!(
-                "{}: billed {} for {} of {} GPU-hours",
-                d.cost_basis.as_str(),
-                usd(d.billed_usd),
-                count(d.billed_gpu_hours),
-                count(fig.gpu_hours)
-            )
-        } else {
-            "estimate: no billing export covers the range".into()
-        },
-        alloc_idle_cost: fig
-            .allocated_idle_cost_usd
-            .map(usd)
-            .unwrap_or_else(|| "unknown".into()),
-        activity_svg,
-        memory_svg,
-        timeline_svg,
-        allocations,
-        provenance,
-        owners,
-        frame: f,
-    };
-    let tables = [&page.allocations, &page.provenance, &page.owners];
-    respond(&page, &tables, &p)
+    (allocations, provenance, owners)
 }
 
 /// `namespace nlp-prod` / `Slurm account speech, partition a100`, or `—`.
