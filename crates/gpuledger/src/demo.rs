@@ -453,10 +453,18 @@ const GROUPS: &[Group] = &[
 
 /// The whole fleet for a seed.
 pub fn fleet(seed: u64) -> Vec<Host> {
+    fleet_of(seed, 1)
+}
+
+/// The fleet `copies` times over (the benchmark's larger fleets): each group has `copies` times
+/// its hosts, named `<prefix>-NN` as in the demo and `<prefix>-cC-NN` for the copies, with the
+/// same mix of profiles, teams and environments.
+pub fn fleet_of(seed: u64, copies: u32) -> Vec<Host> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut hosts = Vec::new();
     for g in GROUPS {
-        for i in 0..g.hosts {
+        for n in 0..g.hosts * copies.max(1) {
+            let (copy, i) = (n / g.hosts, n % g.hosts);
             let index = hosts.len() as u64 + seed.wrapping_mul(7919);
             // Slurm and the research-heavy H100/H200 pools train; small GPUs serve or develop.
             let profile = match (g.cluster, g.model, rng.random_range(0..100)) {
@@ -489,7 +497,11 @@ pub fn fleet(seed: u64) -> Vec<Host> {
             };
             let mig = (g.model == "NVIDIA A100-SXM4-40GB" && i == 0).then_some("3g.20gb");
             hosts.push(Host {
-                name: format!("{}-{:02}", g.prefix, i + 1),
+                name: if copy == 0 {
+                    format!("{}-{:02}", g.prefix, i + 1)
+                } else {
+                    format!("{}-c{copy}-{:02}", g.prefix, i + 1)
+                },
                 cluster: g.cluster,
                 cloud: g.cloud,
                 region: g.region,
@@ -818,7 +830,11 @@ async fn send(state: &AppState, token: &str, body: &PushBody) -> anyhow::Result<
 
 /// Mint tokens and load 30 days of history through the ingest path.
 pub async fn load(state: &AppState, seed: u64, days: i64) -> anyhow::Result<Demo> {
-    let hosts = fleet(seed);
+    load_hosts(state, fleet(seed), days).await
+}
+
+/// Mint tokens and load `days` of history of `hosts` through the ingest path.
+pub async fn load_hosts(state: &AppState, hosts: Vec<Host>, days: i64) -> anyhow::Result<Demo> {
     let mut tokens = BTreeMap::new();
     for (source, _) in SOURCES {
         tokens.insert(

@@ -1,6 +1,7 @@
 //! The `gpuledger` binary: flags are parsed first, then one subcommand wires the crates
 //! together. Everything else lives in the library crates.
 
+mod bench;
 mod config;
 mod demo;
 mod pull;
@@ -36,6 +37,9 @@ enum Command {
     },
     /// Run the hub on a simulated fleet (30 days of history, live samples every minute).
     Demo(DemoArgs),
+    /// Load a synthetic fleet of any size through the ingest path, then time every page and
+    /// endpoint (p50, p95, max, bytes); `docs/benchmarks.md` has the figures.
+    Bench(bench::BenchArgs),
     /// Report this host's GPUs to a gpuledger server (the node agent; read-only, outbound only).
     Agent(gpuledger_agent::AgentArgs),
     /// Run the configured pull collectors.
@@ -315,7 +319,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.bench_pages {
-        return bench_pages(state, &demo).await;
+        return bench::time_pages(state, &demo, 10).await;
     }
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -342,83 +346,6 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     });
     spawn_maintenance(store);
     gpuledger_web::serve(listener, state, shutdown_signal()).await?;
-    Ok(())
-}
-
-/// GET `path` over a plain HTTP/1.1 connection; returns the status line's code and body size.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, usize)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr)?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let head = String::from_utf8_lossy(&buf[..buf.len().min(64)]).to_string();
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, buf.len()))
-}
-
-/// Time each page of the dashboard on the loaded demo: the server renders it from the store
-/// for every request (no caching), so this is the server-side render time plus a loopback hop.
-async fn bench_pages(state: AppState, demo: &demo::Demo) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(gpuledger_web::serve(
-        listener,
-        state,
-        std::future::pending(),
-    ));
-    let gpu = demo.hosts[0].uuid(0);
-    let pages = [
-        ("overview", "/".to_string()),
-        ("overview, team filter", "/?team=nlp".to_string()),
-        ("inventory", "/inventory".to_string()),
-        ("gpu", format!("/gpus/{gpu}")),
-        ("teams", "/teams".to_string()),
-        ("team", "/teams/nlp".to_string()),
-        ("usage", "/usage".to_string()),
-        ("waste", "/waste".to_string()),
-        ("sources", "/sources".to_string()),
-        ("api summary", "/api/v1/summary".to_string()),
-        ("api gpus", "/api/v1/gpus".to_string()),
-        ("api used-by", "/api/v1/used-by".to_string()),
-        ("api savings", "/api/v1/savings".to_string()),
-        ("api teams", "/api/v1/teams".to_string()),
-    ];
-    println!(
-        "{:<24} {:>10} {:>10} {:>10}",
-        "page", "median ms", "max ms", "KiB"
-    );
-    for (name, path) in pages {
-        let mut times = Vec::new();
-        let mut size = 0;
-        for i in 0..11 {
-            let t = std::time::Instant::now();
-            let (code, bytes) = tokio::task::spawn_blocking({
-                let path = path.clone();
-                move || http_get(addr, &path)
-            })
-            .await??;
-            anyhow::ensure!(code == 200, "{path} answered {code}");
-            if i > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1000.0);
-            }
-            size = bytes;
-        }
-        times.sort_by(f64::total_cmp);
-        println!(
-            "{name:<24} {:>10.1} {:>10.1} {:>10}",
-            times[times.len() / 2],
-            times[times.len() - 1],
-            size / 1024
-        );
-    }
     Ok(())
 }
 
@@ -611,6 +538,7 @@ fn main() -> std::process::ExitCode {
                     },
             } => token_create(source, teams, viewer, db).await,
             Command::Demo(a) => run_demo(a).await,
+            Command::Bench(a) => bench::run(a).await,
             Command::Collect(a) => collect(a).await,
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),

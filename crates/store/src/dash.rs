@@ -9,7 +9,7 @@ use sqlx::Row;
 pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
 
-use crate::query::{Window, HELD, SPLIT_DAYS};
+use crate::query::{Window, HELD_IDLE, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
 /// Mean activity per weekday (Monday = 0) and UTC hour of day, with the hours behind each cell.
@@ -22,6 +22,18 @@ pub struct Heatmap {
 /// ` JOIN gpu_owners o ...`: the owner period of GPU `gpu` at time `at` (SQL expressions).
 fn owner_join(gpu: &str, at: &str) -> String {
     format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= {at} AND o.to_ts > {at}")
+}
+
+fn idle_share(r: &sqlx::any::AnyRow) -> Result<IdleShare> {
+    Ok(IdleShare {
+        workload: r.try_get("workload")?,
+        kind: r.try_get("kind")?,
+        used_by: r.try_get("used_by")?,
+        owner: r.try_get("owner")?,
+        gpu_id: r.try_get("gpu_id")?,
+        usd_per_hour: r.try_get("usd_per_hour")?,
+        hours: r.try_get("hours")?,
+    })
 }
 
 fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
@@ -190,13 +202,13 @@ impl Store {
         filters: &Filters,
     ) -> Result<Vec<(String, ActivityEvidence)>> {
         let (clause, binds) = self.filtered_ids_clause(filters, 1);
+        // One pass over the day rollups, grouped per GPU.
         let sql = format!(
-            "SELECT g.uuid, \
-             (SELECT MAX(d.day) FROM gpu_days d WHERE d.gpu_id = g.id \
-             AND d.known_hours > d.idle_hours) AS last_busy, \
-             (SELECT MAX(d.day) FROM gpu_days d WHERE d.gpu_id = g.id \
-             AND d.known_hours > 0) AS last_known \
-             FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
+            "SELECT g.uuid, e.last_busy, e.last_known FROM gpus g LEFT JOIN (\
+               SELECT gpu_id, MAX(CASE WHEN known_hours > idle_hours THEN day END) AS last_busy, \
+               MAX(CASE WHEN known_hours > 0 THEN day END) AS last_known \
+               FROM gpu_days GROUP BY gpu_id\
+             ) e ON e.gpu_id = g.id WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql).persistent(false);
@@ -221,6 +233,8 @@ impl Store {
     /// Allocated-but-idle hours per workload over the window (filters select the GPUs' owners
     /// at the hour), each shared hour split evenly among the workloads holding the GPU or its
     /// MIG instances then, priced by `ledger::waste::idle_workloads`; most expensive first.
+    /// Whole days come from the day rollup (`gpu_day_idle`), the partial edge days from the
+    /// allocations.
     pub async fn idle_workloads(
         &self,
         window: Window,
@@ -228,15 +242,65 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
+        let ((d_lo, d_hi), edges) = crate::query::whole_days(lo, hi);
+        let (clause, binds) = filters.clause_with(3, "o");
+        let sql = format!(
+            "SELECT d.workload, MIN(d.kind) AS kind, d.team AS used_by, o.team AS owner, \
+             d.gpu_id, g.usd_per_hour, CAST(SUM(d.hours) AS DOUBLE PRECISION) AS hours \
+             FROM gpu_day_idle d JOIN gpus g ON g.id = d.gpu_id \
+             JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts = d.owner_from \
+             WHERE d.day >= $1 AND d.day < $2{clause} \
+             GROUP BY d.workload, d.team, o.team, d.gpu_id, g.usd_per_hour"
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query(&sql).persistent(false).bind(d_lo).bind(d_hi);
+        for b in &binds {
+            q = q.bind(b.clone());
+        }
+        let mut shares: Vec<IdleShare> = q
+            .fetch_all(self.pool())
+            .await?
+            .iter()
+            .map(idle_share)
+            .collect::<Result<_>>()?;
+        for (e_lo, e_hi) in edges {
+            if e_lo < e_hi {
+                shares.extend(self.idle_shares_unrolled(e_lo, e_hi, filters).await?);
+            }
+        }
+        Ok(gpuledger_ledger::waste::idle_workloads(&shares))
+    }
+
+    /// [`Store::idle_workloads`] computed from the allocations for the whole window, never
+    /// from the day rollup: the reference the rollup is tested against.
+    #[doc(hidden)]
+    pub async fn idle_workloads_unrolled(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<IdleWorkload>> {
+        let (lo, hi) = window.hours(now.timestamp());
+        let shares = self.idle_shares_unrolled(lo, hi, filters).await?;
+        Ok(gpuledger_ledger::waste::idle_workloads(&shares))
+    }
+
+    /// Allocated-and-idle hours per workload and GPU in the clock hours `[lo, hi)`, from the
+    /// allocations ([`HELD_IDLE`]).
+    async fn idle_shares_unrolled(
+        &self,
+        lo: i64,
+        hi: i64,
+        filters: &Filters,
+    ) -> Result<Vec<IdleShare>> {
         let (clause, binds) = filters.clause_with(4, "o");
         let join = owner_join("x.gpu_id", "x.hour");
         let sql = format!(
-            "{HELD} SELECT x.workload, MIN(x.kind) AS kind, x.team AS used_by, o.team AS owner, \
-             x.gpu_id, g.usd_per_hour, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) AS hours \
+            "{HELD_IDLE} SELECT x.workload, MIN(x.kind) AS kind, x.team AS used_by, \
+             o.team AS owner, x.gpu_id, g.usd_per_hour, \
+             CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) AS hours \
              FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
-             JOIN gpu_hours h ON h.gpu_id = x.gpu_id AND h.hour = x.hour \
-             JOIN gpus g ON g.id = x.gpu_id{join} \
-             WHERE h.act_n > 0 AND h.act_sum < $3 * h.act_n{clause} \
+             JOIN gpus g ON g.id = x.gpu_id{join} WHERE 1 = 1{clause} \
              GROUP BY x.workload, x.team, o.team, x.gpu_id, g.usd_per_hour"
         );
         let sql = self.sql(&sql);
@@ -248,23 +312,11 @@ impl Store {
         for b in binds {
             q = q.bind(b);
         }
-        let shares = q
-            .fetch_all(self.pool())
+        q.fetch_all(self.pool())
             .await?
             .iter()
-            .map(|r| {
-                Ok(IdleShare {
-                    workload: r.try_get("workload")?,
-                    kind: r.try_get("kind")?,
-                    used_by: r.try_get("used_by")?,
-                    owner: r.try_get("owner")?,
-                    gpu_id: r.try_get("gpu_id")?,
-                    usd_per_hour: r.try_get("usd_per_hour")?,
-                    hours: r.try_get("hours")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(gpuledger_ledger::waste::idle_workloads(&shares))
+            .map(idle_share)
+            .collect()
     }
 
     /// Allocations of the GPUs matching the filters that overlap the window, newest first.

@@ -38,9 +38,11 @@ fn host_gpu(host_gpus: &HostGpus, uuid: &str, model: &str, observed_at: DateTime
 }
 
 /// The tables whose rows belong to one GPU (`gpu_id`).
-const GPU_TABLES: [&str; 7] = [
+const GPU_TABLES: [&str; 9] = [
     "gpu_hours",
     "gpu_days",
+    "gpu_day_use",
+    "gpu_day_idle",
     "allocations",
     "gpu_attrs",
     "samples",

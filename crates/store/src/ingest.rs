@@ -16,6 +16,7 @@ use gpuledger_model::{hour_floor, PushAllocation, PushGpu, HOUR_SECS};
 use serde::Serialize;
 use sqlx::{Any, Transaction};
 
+use crate::float::F64;
 use crate::owners::owner_changed;
 use crate::rollup::{mark_presence, values, widen, Touched};
 use crate::{Result, Store};
@@ -308,10 +309,10 @@ impl Store {
                 q = q
                     .bind(*id)
                     .bind(s.ts.timestamp())
-                    .bind(s.util_pct)
-                    .bind(s.mem_used_mib)
-                    .bind(s.power_w)
-                    .bind(s.sm_active)
+                    .bind(F64(s.util_pct))
+                    .bind(F64(s.mem_used_mib))
+                    .bind(F64(s.power_w))
+                    .bind(F64(s.sm_active))
                     .bind(source_id);
             }
             let inserted = q.execute(&mut **tx).await?.rows_affected();

@@ -8,6 +8,7 @@
 
 mod billing;
 mod dash;
+mod float;
 mod identity;
 mod ingest;
 mod owners;
@@ -44,6 +45,21 @@ pub enum StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Bytes on disk, tables with their indexes (see [`Store::storage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Storage {
+    /// Hour rollups (`gpu_hours`).
+    pub hours: i64,
+    /// Day rollups (`gpu_days`).
+    pub days: i64,
+    /// Raw samples.
+    pub samples: i64,
+    /// The per-day used-by rollup (`gpu_day_use`).
+    pub day_use: i64,
+    /// Every table.
+    pub total: i64,
+}
 
 /// Which database a store runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +108,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "billing",
         include_str!("../migrations/sqlite/0005_billing.sql"),
     ),
+    (
+        6,
+        "day_use",
+        include_str!("../migrations/sqlite/0006_day_use.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -118,6 +139,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         5,
         "billing",
         include_str!("../migrations/postgres/0005_billing.sql"),
+    ),
+    (
+        6,
+        "day_use",
+        include_str!("../migrations/postgres/0006_day_use.sql"),
     ),
 ];
 
@@ -307,6 +333,7 @@ impl Store {
     async fn apply_settings(&self) -> Result<()> {
         self.fill_holders_once().await?;
         self.refresh_allocated_once().await?;
+        self.fill_day_use_once().await?;
         self.rederive_all_gpus().await?;
         let want = self.settings.idle_threshold_pct.to_string();
         let have: Option<String> = sqlx::query_scalar(
@@ -390,6 +417,52 @@ impl Store {
         Ok(())
     }
 
+    /// Bytes on disk of the tables that grow with the fleet and the history, with their
+    /// indexes (SQLite: `dbstat`; PostgreSQL: `pg_total_relation_size`), for the benchmark.
+    pub async fn storage(&self) -> Result<Storage> {
+        let tables = ["gpu_hours", "gpu_days", "samples", "gpu_day_use"];
+        let mut sizes = [0i64; 4];
+        for (i, t) in tables.iter().enumerate() {
+            sizes[i] = match self.backend {
+                Backend::Sqlite => sqlx::query_scalar::<_, Option<i64>>(&format!(
+                    "SELECT CAST(SUM(pgsize) AS BIGINT) FROM dbstat WHERE name = '{t}' \
+                     OR name IN (SELECT name FROM sqlite_master WHERE tbl_name = '{t}')"
+                ))
+                .fetch_one(&self.pool)
+                .await?
+                .unwrap_or(0),
+                Backend::Postgres => sqlx::query_scalar::<_, Option<i64>>(&format!(
+                    "SELECT CAST(pg_total_relation_size(to_regclass('{t}')) AS BIGINT)"
+                ))
+                .fetch_one(&self.pool)
+                .await?
+                .unwrap_or(0),
+            };
+        }
+        let total: Option<i64> =
+            match self.backend {
+                Backend::Sqlite => {
+                    sqlx::query_scalar("SELECT CAST(SUM(pgsize) AS BIGINT) FROM dbstat")
+                        .fetch_one(&self.pool)
+                        .await?
+                }
+                Backend::Postgres => sqlx::query_scalar(
+                    "SELECT CAST(SUM(pg_total_relation_size(c.oid)) AS BIGINT) FROM pg_class c \
+                     JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE c.relkind = 'r' AND n.nspname = current_schema()",
+                )
+                .fetch_one(&self.pool)
+                .await?,
+            };
+        Ok(Storage {
+            hours: sizes[0],
+            days: sizes[1],
+            samples: sizes[2],
+            day_use: sizes[3],
+            total: total.unwrap_or(0),
+        })
+    }
+
     /// Delete raw samples and rollups past their retention. Raw samples go by whole hours so
     /// that an hour is never half pruned.
     pub async fn prune(&self, now_secs: i64) -> Result<(u64, u64)> {
@@ -407,10 +480,12 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        sqlx::query(&self.sql("DELETE FROM gpu_days WHERE day < $1"))
-            .bind(rollup_cutoff)
-            .execute(&self.pool)
-            .await?;
+        for table in ["gpu_days", "gpu_day_use", "gpu_day_idle"] {
+            sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE day < $1")))
+                .bind(rollup_cutoff)
+                .execute(&self.pool)
+                .await?;
+        }
         Ok((raw, hours))
     }
 

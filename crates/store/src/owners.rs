@@ -9,6 +9,7 @@ use gpuledger_ledger::GpuRecord;
 use gpuledger_model::{hour_floor, PushAllocation};
 use sqlx::{Any, Transaction};
 
+use crate::float::F64;
 use crate::ingest::Principal;
 use crate::rows::{gpu_from_row, ts, GPU_COLUMNS};
 use crate::{Result, Store, OPEN_END};
@@ -122,7 +123,7 @@ impl Store {
         .bind(r.team.clone())
         .bind(r.env.clone())
         .bind(r.owner_reason.clone())
-        .bind(r.rate.usd_per_hour)
+        .bind(F64(r.rate.usd_per_hour))
         .bind(origin)
         .bind(seen)
         .bind(r.account.clone())
@@ -204,6 +205,12 @@ impl Store {
                 .bind(r.owner_reason.clone())
                 .execute(&mut **tx)
                 .await?;
+                // Allocated-idle day rows name the period of their hours: the days from the
+                // change on fall in the new one.
+                if r.mig_parent_uuid.is_none() {
+                    self.reroll_day_use(tx, &[id], gpuledger_model::day_floor(at), i64::MAX / 2)
+                        .await?;
+                }
             }
         }
         Ok(())
@@ -462,6 +469,10 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             }
+        }
+        if changed > 0 {
+            // Allocated-idle day rows name the owner period of their hours.
+            self.reroll_all_day_use(&mut tx).await?;
         }
         tx.commit().await?;
         Ok(changed)

@@ -555,18 +555,7 @@ pub(crate) const SPLIT_DAYS: &str = "split AS (\
 /// threshold; needs the [`SPLIT_DAYS`] CTE.
 pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
     let (lo, hi) = window.hours(now.timestamp());
-    let mut d_lo = day_floor(lo);
-    if d_lo < lo {
-        d_lo += DAY_SECS;
-    }
-    let d_hi = day_floor(hi);
-    // Hours outside the whole days: [lo, d_lo) and [d_hi, hi); all of [lo, hi) when the
-    // window holds no whole day.
-    let (d_lo, d_hi, e1, e2) = if d_lo < d_hi {
-        (d_lo, d_hi, (lo, d_lo), (d_hi, hi))
-    } else {
-        (0, 0, (lo, hi), (0, 0))
-    };
+    let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
     let hours = |from: &str, range: &str| {
         format!(
             "SELECT h.gpu_id, o.from_ts AS o_from, (h.hour / 86400) * 86400, 1, \
@@ -604,18 +593,41 @@ pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], Stri
 /// workload, with the kind and the team the allocation names, `''` when none) and how many
 /// there are (`n`), for the window `[$1, $2)`. An allocation on a MIG instance holds its
 /// physical GPU; the same workload reported by two sources holds once.
-pub(crate) const HELD: &str = "WITH a AS (\
-       SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
-       COALESCE(al.team, '') AS team \
-       FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
-       LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-       WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
-     x AS (\
-       SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
-       FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
-       AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
-       GROUP BY h.gpu_id, h.hour, a.workload), \
-     n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)";
+pub(crate) const HELD: &str = HELD_SQL;
+
+/// [`HELD`] over the allocated and idle hours only (`$3`: the idle threshold): the holders
+/// of those hours and how many there are, for allocated-but-idle hours per workload.
+pub(crate) const HELD_IDLE: &str = HELD_IDLE_SQL;
+
+macro_rules! held_sql {
+    ($gpus:literal, $hours:literal) => {
+        concat!(
+            "WITH a AS (\
+               SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
+               COALESCE(al.team, '') AS team \
+               FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
+               LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+               WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)",
+            $gpus,
+            "), \
+             x AS (\
+               SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
+               FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
+               AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
+            $hours,
+            " GROUP BY h.gpu_id, h.hour, a.workload), \
+             n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"
+        )
+    };
+}
+const HELD_SQL: &str = held_sql!("", "");
+// Only GPUs with an allocated-and-idle hour on a day of the window (the day rollups say which)
+// are walked hour by hour.
+const HELD_IDLE_SQL: &str = held_sql!(
+    " AND COALESCE(p.id, c.id) IN (SELECT gpu_id FROM gpu_days WHERE day >= $1 - ($1 % 86400) \
+     AND day < $2 AND allocated_idle_hours > 0)",
+    " AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"
+);
 
 impl Store {
     /// "Used by" in a window: each present hour of the physical GPUs matching `filters`
@@ -629,6 +641,42 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
+        let (rates, present) = self.used_by_inputs(lo, hi, filters).await?;
+        // Whole days from the day rollup; the partial days at the window's edges from the
+        // allocations and hours themselves.
+        let (days, edges) = whole_days(lo, hi);
+        let mut rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(
+            "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) FROM gpu_day_use \
+             WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
+        ))
+        .bind(days.0)
+        .bind(days.1)
+        .fetch_all(self.pool())
+        .await?;
+        for (e_lo, e_hi) in edges {
+            if e_lo < e_hi {
+                rows.extend(self.held_shares(e_lo, e_hi).await?);
+            }
+        }
+        let shares: Vec<HeldShare> = rows
+            .into_iter()
+            .map(|(gpu_id, team, gpu_hours)| HeldShare {
+                gpu_id,
+                team: Some(team),
+                gpu_hours,
+            })
+            .collect();
+        Ok(split(&rates, &shares, &present))
+    }
+
+    /// The rates of the physical GPUs matching `filters` and every GPU's present hours in
+    /// `[lo, hi)` (whole days from the day rollups, the edges from the hours).
+    async fn used_by_inputs(
+        &self,
+        lo: i64,
+        hi: i64,
+        filters: &Filters,
+    ) -> Result<(HashMap<i64, Option<f64>>, Vec<(i64, i64)>)> {
         let (clause, binds) = filters.clause(1);
         let sql = format!(
             "SELECT g.id, g.usd_per_hour FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
@@ -640,15 +688,39 @@ impl Store {
         }
         let rates: HashMap<i64, Option<f64>> =
             q.fetch_all(self.pool()).await?.into_iter().collect();
-        let shares: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(&format!(
-            "{HELD} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
-             FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
-        )))
-        .bind(lo)
-        .bind(hi)
+        let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
+        let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
+            "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
+               SELECT gpu_id, present_hours AS n FROM gpu_days WHERE day >= $1 AND day < $2 \
+               UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $3 AND hour < $4 \
+               UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $5 AND hour < $6\
+             ) p GROUP BY gpu_id",
+        ))
+        .bind(d_lo)
+        .bind(d_hi)
+        .bind(e1.0)
+        .bind(e1.1)
+        .bind(e2.0)
+        .bind(e2.1)
         .fetch_all(self.pool())
         .await?;
-        let shares: Vec<HeldShare> = shares
+        Ok((rates, present))
+    }
+
+    /// [`Store::used_by_cost`] computed from the allocations for the whole window, never from
+    /// the day rollup: the reference the rollup is tested against.
+    #[doc(hidden)]
+    pub async fn used_by_cost_unrolled(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<UsedBy>> {
+        let (lo, hi) = window.hours(now.timestamp());
+        let (rates, present) = self.used_by_inputs(lo, hi, filters).await?;
+        let shares: Vec<HeldShare> = self
+            .held_shares(lo, hi)
+            .await?
             .into_iter()
             .map(|(gpu_id, team, gpu_hours)| HeldShare {
                 gpu_id,
@@ -656,14 +728,35 @@ impl Store {
                 gpu_hours,
             })
             .collect();
-        let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
-            "SELECT gpu_id, COUNT(*) FROM gpu_hours WHERE hour >= $1 AND hour < $2 GROUP BY gpu_id",
-        ))
+        Ok(split(&rates, &shares, &present))
+    }
+
+    /// Each physical GPU's held hours per allocating team in `[lo, hi)`, from the allocations
+    /// and present hours ([`HELD`]): the slow path, for the partial days at a window's edges.
+    pub(crate) async fn held_shares(&self, lo: i64, hi: i64) -> Result<Vec<(i64, String, f64)>> {
+        Ok(sqlx::query_as(&self.sql(&format!(
+            "{HELD} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+             FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
+        )))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
-        .await?;
-        Ok(split(&rates, &shares, &present))
+        .await?)
+    }
+}
+
+/// The whole UTC days inside the clock hours `[lo, hi)`, and the hours before and after them
+/// (`[lo, hi)` itself when it holds no whole day): what day rollups and hour rollups answer.
+pub(crate) fn whole_days(lo: i64, hi: i64) -> ((i64, i64), [(i64, i64); 2]) {
+    let mut d_lo = day_floor(lo);
+    if d_lo < lo {
+        d_lo += DAY_SECS;
+    }
+    let d_hi = day_floor(hi);
+    if d_lo < d_hi {
+        ((d_lo, d_hi), [(lo, d_lo), (d_hi, hi)])
+    } else {
+        ((0, 0), [(lo, hi), (0, 0)])
     }
 }
 

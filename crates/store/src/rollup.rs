@@ -28,6 +28,54 @@ pub(crate) const REROLL_DAYS: &str =
      allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max, \
      billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd";
 
+/// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
+/// kind and team, `''` when none) and how many there are (`n`): [`crate::query::HELD`] for a
+/// few GPUs, driven from their allocations and their MIG instances'.
+macro_rules! holders_of_ids {
+    () => {
+        "WITH a AS (\
+           SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
+           COALESCE(al.team, '') AS team \
+           FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
+           LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+           WHERE (al.gpu_id IN (IDS) OR al.gpu_id IN (SELECT m.id FROM gpus m JOIN gpus q \
+           ON m.mig_parent_uuid = q.uuid WHERE q.id IN (IDS))) \
+           AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
+         x AS (\
+           SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
+           FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
+           AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
+           GROUP BY h.gpu_id, h.hour, a.workload), \
+         n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"
+    };
+}
+
+/// Used-by per day (`gpu_day_use`) of the physical GPUs `IDS` for the days in `[$1, $2)`, from
+/// the allocations and present hours (the same split as [`crate::query::HELD`]): run after
+/// deleting those rows.
+pub(crate) const REROLL_DAY_USE: &str = concat!(
+    holders_of_ids!(),
+    " INSERT INTO gpu_day_use (gpu_id, day, team, held_hours) \
+     SELECT x.gpu_id, (x.hour / 86400) * 86400, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+     FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
+     GROUP BY x.gpu_id, (x.hour / 86400) * 86400, x.team"
+);
+
+/// Allocated-but-idle hours per workload and day (`gpu_day_idle`) of the physical GPUs `IDS`
+/// for the days in `[$1, $2)`, `$3` the idle threshold, each with the owner period the hour
+/// fell in: run after deleting those rows.
+pub(crate) const REROLL_DAY_IDLE: &str = concat!(
+    holders_of_ids!(),
+    " INSERT INTO gpu_day_idle (gpu_id, day, owner_from, workload, team, kind, hours) \
+     SELECT x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team, MIN(x.kind), \
+     CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+     FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
+     JOIN gpu_hours h ON h.gpu_id = x.gpu_id AND h.hour = x.hour \
+     JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts <= x.hour AND o.to_ts > x.hour \
+     WHERE h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n \
+     GROUP BY x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team"
+);
+
 /// The allocated flag of the hours of GPUs `IDS` in `[$1, $2)`: an hour is allocated when an
 /// allocation of the GPU or of one of its MIG instances overlaps it (definitions: "allocated
 /// hour"). Only present hours have rows, so only present hours count.
@@ -172,6 +220,69 @@ impl Store {
                 REROLL_DAYS,
             )
             .await?;
+            self.reroll_day_use(tx, ids, *lo, *hi).await?;
+        }
+        Ok(())
+    }
+
+    /// Used-by per day of GPUs `ids` for the days in `[lo, hi)`, again from the allocations.
+    pub(crate) async fn reroll_day_use(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+        lo: i64,
+        hi: i64,
+    ) -> Result<()> {
+        for table in ["gpu_day_use", "gpu_day_idle"] {
+            self.for_ids(
+                tx,
+                ids,
+                lo,
+                hi,
+                None,
+                &format!("DELETE FROM {table} WHERE gpu_id IN (IDS) AND day >= $1 AND day < $2"),
+            )
+            .await?;
+        }
+        self.for_ids(tx, ids, lo, hi, None, REROLL_DAY_USE).await?;
+        self.for_ids(
+            tx,
+            ids,
+            lo,
+            hi,
+            Some(self.settings.idle_threshold_pct),
+            REROLL_DAY_IDLE,
+        )
+        .await
+    }
+
+    /// A database from before used-by was rolled up per day gets its rows once.
+    pub(crate) async fn fill_day_use_once(&self) -> Result<()> {
+        let done: Option<String> =
+            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = 'day_use'"))
+                .fetch_optional(self.pool())
+                .await?;
+        if done.is_some() {
+            return Ok(());
+        }
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool().begin().await?;
+        self.reroll_all_day_use(&mut tx).await?;
+        sqlx::query("INSERT INTO meta (key, value) VALUES ('day_use', '2')")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every used-by and allocated-idle day row again, for every physical GPU.
+    pub(crate) async fn reroll_all_day_use(&self, tx: &mut Transaction<'_, Any>) -> Result<()> {
+        let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM gpus WHERE mig_parent_uuid IS NULL")
+            .fetch_all(&mut **tx)
+            .await?;
+        for chunk in ids.chunks(200) {
+            self.reroll_day_use(tx, chunk, i64::MIN / 2, i64::MAX / 2)
+                .await?;
         }
         Ok(())
     }
@@ -237,6 +348,7 @@ impl Store {
                 "re-flagged allocated hours; rebuilding day rollups"
             );
             self.reroll_all_days(&mut tx).await?;
+            self.reroll_all_day_use(&mut tx).await?;
         }
         sqlx::query("INSERT INTO meta (key, value) VALUES ('allocated_flags', '2')")
             .execute(&mut *tx)
@@ -249,6 +361,7 @@ impl Store {
     pub(crate) async fn rebuild_days(&self) -> Result<()> {
         let mut tx = self.pool().begin().await?;
         self.reroll_all_days(&mut tx).await?;
+        self.reroll_all_day_use(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }

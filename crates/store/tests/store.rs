@@ -2018,3 +2018,218 @@ both!(
     idle_workloads_split_shared_hours_and_keep_unpriced_hours,
     activity_evidence_tells_unmeasured_from_idle,
 );
+
+/// A small deterministic generator for the property tests (no dependency needed).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Property: the used-by and allocated-idle day rollups, kept as pushes arrive in any order
+/// (late samples, allocations that close later, MIG instances, shared GPUs, rate-less GPUs, a
+/// change of owner mid-day), give exactly what the allocations themselves give, for windows
+/// with whole days and edges.
+async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
+    let base = t("2026-11-25T00:00:00Z").timestamp();
+    let at = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
+    for seed in 1..=4u64 {
+        let mut r = Lcg(seed * 7919);
+        let p = who(&format!("prop-{seed}"), None);
+        let gpus: Vec<String> = (0..5)
+            .map(|i| format!("GPU-{seed:08x}-0000-0000-0000-{i:012x}"))
+            .collect();
+        let mut bodies = Vec::new();
+        for (i, g) in gpus.iter().enumerate() {
+            let model = ["Tesla T4", "Mystery GPU", "NVIDIA A100-SXM4-40GB"][i % 3];
+            let mig = format!("MIG-{seed:08x}-0000-0000-0000-{i:012x}");
+            let mut gpus_json = vec![format!(
+                r#"{{"uuid":"{g}","model":"{model}","observed_at":"{}"}}"#,
+                at(base).to_rfc3339()
+            )];
+            if i == 2 {
+                gpus_json.push(format!(
+                    r#"{{"uuid":"{mig}","model":"{model}","mig_parent_uuid":"{g}","mig_profile":"3g.20gb","observed_at":"{}"}}"#,
+                    at(base).to_rfc3339()
+                ));
+            }
+            bodies.push(format!(r#"{{"gpus":[{}]}}"#, gpus_json.join(",")));
+            if i == 0 {
+                // A change of owner in the middle of a day.
+                bodies.push(format!(
+                    r#"{{"gpus":[{{"uuid":"{g}","model":"{model}","labels":{{"team":"vision"}},"observed_at":"{}"}}]}}"#,
+                    at(base + 3 * 86_400 + 13 * 3600).to_rfc3339()
+                ));
+            }
+            let mut samples = Vec::new();
+            let mut h = 0;
+            while h < 6 * 24 {
+                samples.push(format!(
+                    r#"{{"gpu_uuid":"{g}","ts":"{}","util_pct":{}}}"#,
+                    at(base + h * 3600 + 1800).to_rfc3339(),
+                    r.below(100)
+                ));
+                h += 1 + r.below(3) as i64;
+            }
+            bodies.push(format!(r#"{{"samples":[{}]}}"#, samples.join(",")));
+            for k in 0..6 {
+                let start = base + r.below(6 * 86_400) as i64;
+                let len = 600 + r.below(2 * 86_400) as i64;
+                let holder = if i == 2 && k % 2 == 0 { &mig } else { g };
+                let team = ["nlp", "NLP ", "vision", ""][r.below(4) as usize];
+                let team = if team.is_empty() {
+                    String::new()
+                } else {
+                    format!(r#","team":"{team}""#)
+                };
+                let open = format!(
+                    r#"{{"allocations":[{{"gpu_uuid":"{holder}","start":"{}","workload":"w{k}","kind":"pod"{team}}}]}}"#,
+                    at(start).to_rfc3339()
+                );
+                let closed = format!(
+                    r#"{{"allocations":[{{"gpu_uuid":"{holder}","start":"{}","end":"{}","workload":"w{k}","kind":"pod"{team}}}]}}"#,
+                    at(start).to_rfc3339(),
+                    at((start + len).min(base + 7 * 86_400)).to_rfc3339()
+                );
+                bodies.push(open);
+                if r.below(3) > 0 {
+                    bodies.push(closed);
+                }
+            }
+        }
+        // Inventory first; the rest in a shuffled order (a closing push may come before its
+        // opening one, which then re-opens it: both are real orders of arrival).
+        let (inventory, mut rest): (Vec<String>, Vec<String>) = bodies
+            .into_iter()
+            .partition(|b| b.starts_with(r#"{"gpus""#) && !b.contains("labels"));
+        for i in (1..rest.len()).rev() {
+            rest.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        for b in inventory.iter().chain(&rest) {
+            let out = push(&store, &p, b).await;
+            assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        }
+    }
+    for (from, to) in [
+        ("2026-11-25T00:00:00Z", "2026-12-02T00:00:00Z"),
+        ("2026-11-25T07:00:00Z", "2026-11-30T13:00:00Z"),
+        ("2026-11-26T00:00:00Z", "2026-11-27T00:00:00Z"),
+        ("2026-11-27T05:00:00Z", "2026-11-27T09:00:00Z"),
+    ] {
+        let w = hours_window(from, to);
+        let fast = store
+            .used_by_cost(w, &Filters::default(), now())
+            .await
+            .unwrap();
+        let slow = store
+            .used_by_cost_unrolled(w, &Filters::default(), now())
+            .await
+            .unwrap();
+        assert_eq!(fast.len(), slow.len(), "{from}–{to}: {fast:?} vs {slow:?}");
+        for (a, b) in fast.iter().zip(&slow) {
+            assert_eq!((&a.team, a.gpus), (&b.team, b.gpus), "{from}–{to}");
+            assert!(
+                (a.gpu_hours - b.gpu_hours).abs() < 1e-9
+                    && (a.cost_usd - b.cost_usd).abs() < 1e-6
+                    && (a.unpriced_gpu_hours - b.unpriced_gpu_hours).abs() < 1e-9,
+                "{from}–{to}: {a:?} vs {b:?}"
+            );
+        }
+        // Allocated-but-idle hours per workload, by owner at the hour, with and without a
+        // filter on the owner.
+        for filters in [
+            Filters::default(),
+            Filters {
+                team: vec!["vision".into()],
+                ..Default::default()
+            },
+        ] {
+            let mut fast = store.idle_workloads(w, &filters, now()).await.unwrap();
+            let mut slow = store
+                .idle_workloads_unrolled(w, &filters, now())
+                .await
+                .unwrap();
+            let key = |x: &gpuledger_ledger::waste::IdleWorkload| {
+                (x.workload.clone(), x.used_by.clone(), x.owner.clone())
+            };
+            fast.sort_by_key(key);
+            slow.sort_by_key(key);
+            assert_eq!(
+                fast.len(),
+                slow.len(),
+                "{from}–{to} {filters:?}: {fast:?} vs {slow:?}"
+            );
+            for (a, b) in fast.iter().zip(&slow) {
+                assert_eq!(key(a), key(b), "{from}–{to}");
+                assert_eq!(a.gpus, b.gpus, "{from}–{to}");
+                assert!(
+                    (a.allocated_idle_hours - b.allocated_idle_hours).abs() < 1e-9
+                        && (a.cost_usd - b.cost_usd).abs() < 1e-6
+                        && (a.unpriced_hours - b.unpriced_hours).abs() < 1e-9,
+                    "{from}–{to} {filters:?}: {a:?} vs {b:?}"
+                );
+            }
+            assert!(
+                filters.team.is_empty() || slow.iter().all(|x| x.owner == "vision"),
+                "{slow:?}"
+            );
+            if from == "2026-11-25T00:00:00Z" {
+                assert!(
+                    !slow.is_empty(),
+                    "the random fleets have idle allocated hours"
+                );
+                assert!(
+                    filters.team.is_empty() || slow.iter().any(|x| x.owner == "vision"),
+                    "and hours after the mid-day change of owner"
+                );
+            }
+        }
+    }
+}
+
+both!(used_by_rollup_equals_recomputation_on_random_fleets);
+
+/// Regression: on PostgreSQL a cached statement first run with a NULL float (a GPU without a
+/// rate, a sample without `util_pct`) refused every later value on that connection
+/// ("incorrect binary data format in bind parameter").
+async fn regression_a_null_float_does_not_break_later_writes(store: Store) {
+    let p = who("lab", None);
+    for round in 0..6 {
+        let (model, util) = if round % 2 == 0 {
+            ("Mystery GPU", "null")
+        } else {
+            ("Tesla T4", "42.5")
+        };
+        let uuid = format!("GPU-abcdef{round:02}-0000-0000-0000-000000000000");
+        let samples: Vec<String> = (0..40)
+            .map(|m| {
+                format!(
+                    r#"{{"gpu_uuid":"{uuid}","ts":"2026-12-02T{:02}:{:02}:00Z","util_pct":{util},"power_w":70}}"#,
+                    8 + m / 60,
+                    m % 60
+                )
+            })
+            .collect();
+        let out = push(
+            &store,
+            &p,
+            &format!(
+                r#"{{"gpus":[{{"uuid":"{uuid}","model":"{model}","observed_at":"2026-12-02T08:00:00Z"}}],"samples":[{}]}}"#,
+                samples.join(",")
+            ),
+        )
+        .await;
+        assert!(out.rejected.is_empty(), "round {round}: {:?}", out.rejected);
+        assert_eq!(out.accepted.samples, 40, "round {round}");
+    }
+}
+
+both!(regression_a_null_float_does_not_break_later_writes);
