@@ -246,6 +246,61 @@ fn demo_loads_through_ingest_and_summarizes() {
     assert!(t["allocated_idle_hours"].as_i64().unwrap() > 0);
 }
 
+/// `gpuledger bench` (docs/benchmarks.md) at its smallest: two copies of the demo fleet over
+/// a day, every page timed once, then the pages again with `--no-load`. It measures; this
+/// only checks that it runs and reports every part.
+#[test]
+fn bench_loads_a_scaled_fleet_and_times_every_page() {
+    let dir = tempdir("bench");
+    let db = format!("sqlite://{}/bench.db", dir.display());
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--gpus",
+            "500",
+            "--days",
+            "1",
+            "--requests",
+            "1",
+            "--database-url",
+            &db,
+        ];
+        args.extend_from_slice(extra);
+        let out = bin().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = run(&[]);
+    assert!(
+        text.contains("fleet: 816 GPUs on 176 hosts, 1 days"),
+        "{text}"
+    );
+    assert!(
+        text.contains("samples/s") && text.contains("bytes per GPU-hour"),
+        "{text}"
+    );
+    for page in [
+        "overview",
+        "waste, 90 days",
+        "api used-by, team nlp",
+        "api savings",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(page)),
+            "{page} missing: {text}"
+        );
+    }
+    let again = run(&["--no-load"]);
+    assert!(
+        !again.contains("samples/s") && again.contains("overview"),
+        "{again}"
+    );
+}
+
 /// Serve one file over HTTP on a free port from a thread, for as long as the test runs.
 fn serve_file(body: String) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
