@@ -8,10 +8,8 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
 use clap::Args;
-use gpuledger_store::Store;
-use gpuledger_web::{AppState, WebConfig};
+use gpuledger_web::AppState;
 
 use crate::demo;
 
@@ -43,24 +41,7 @@ pub struct BenchArgs {
 const DEMO_GPUS: u32 = 408;
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let mut settings = gpuledger_ledger::Settings::default();
-    settings.raw_retention_days = settings.raw_retention_days.max(args.days + 2);
-    settings.ownership = demo::ownership_rules();
-    let url = args.database_url.clone().unwrap_or_else(|| {
-        let path = std::env::temp_dir().join(format!("gpuledger-bench-{}.db", std::process::id()));
-        path.display().to_string()
-    });
-    let store = Store::open(&url, settings)
-        .await
-        .with_context(|| format!("opening database {url}"))?;
-    let state = AppState::new(
-        store.clone(),
-        WebConfig {
-            demo: true,
-            teams: demo::team_registry(),
-            ..Default::default()
-        },
-    );
+    let (store, state, url) = demo::open(args.database_url.clone(), args.days, "bench").await?;
     let copies = args.gpus.div_ceil(DEMO_GPUS).max(1);
     let hosts = demo::fleet_of(args.seed, copies);
     let gpus: u32 = hosts.iter().map(|h| h.gpus).sum();

@@ -828,6 +828,37 @@ async fn send(state: &AppState, token: &str, body: &PushBody) -> anyhow::Result<
     Ok(())
 }
 
+/// The store and server state the demo and the benchmark run on: demo ownership rules and
+/// team registry, raw samples kept for the whole history (`days`), on `url` or a fresh SQLite
+/// file named after `what` in the temp directory. Returns the URL used too.
+pub async fn open(
+    url: Option<String>,
+    days: i64,
+    what: &str,
+) -> anyhow::Result<(gpuledger_store::Store, AppState, String)> {
+    use anyhow::Context;
+    let mut settings = gpuledger_ledger::Settings::default();
+    // The history is pushed as raw samples, so keep raw samples that long.
+    settings.raw_retention_days = settings.raw_retention_days.max(days + 2);
+    settings.ownership = ownership_rules();
+    let url = url.unwrap_or_else(|| {
+        let path = std::env::temp_dir().join(format!("gpuledger-{what}-{}.db", std::process::id()));
+        path.display().to_string()
+    });
+    let store = gpuledger_store::Store::open(&url, settings)
+        .await
+        .with_context(|| format!("opening database {url}"))?;
+    let state = AppState::new(
+        store.clone(),
+        gpuledger_web::WebConfig {
+            demo: true,
+            teams: team_registry(),
+            ..Default::default()
+        },
+    );
+    Ok((store, state, url))
+}
+
 /// Mint tokens and load 30 days of history through the ingest path.
 pub async fn load(state: &AppState, seed: u64, days: i64) -> anyhow::Result<Demo> {
     load_hosts(state, fleet(seed), days).await

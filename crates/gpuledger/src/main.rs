@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use gpuledger_store::{Role, Store};
-use gpuledger_web::{AppState, WebConfig};
+use gpuledger_web::AppState;
 
 #[derive(Parser)]
 #[command(
@@ -259,25 +259,7 @@ async fn token_create(
 }
 
 async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
-    let mut settings = gpuledger_ledger::Settings::default();
-    // The demo pushes its whole 30-day history as raw samples, so keep raw samples that long.
-    settings.raw_retention_days = settings.raw_retention_days.max(args.days + 2);
-    settings.ownership = demo::ownership_rules();
-    let url = args.database_url.clone().unwrap_or_else(|| {
-        let path = std::env::temp_dir().join(format!("gpuledger-demo-{}.db", std::process::id()));
-        path.display().to_string()
-    });
-    let store = Store::open(&url, settings)
-        .await
-        .with_context(|| format!("opening database {url}"))?;
-    let state = AppState::new(
-        store.clone(),
-        WebConfig {
-            demo: true,
-            teams: demo::team_registry(),
-            ..Default::default()
-        },
-    );
+    let (store, state, _) = demo::open(args.database_url.clone(), args.days, "demo").await?;
     let started = std::time::Instant::now();
     let demo = demo::load(&state, args.seed, args.days).await?;
     let gpus: u32 = demo.hosts.iter().map(|h| h.gpus).sum();

@@ -18,7 +18,7 @@ use sqlx::{Any, Transaction};
 
 use crate::float::F64;
 use crate::owners::owner_changed;
-use crate::rollup::{mark_presence, values, widen, Touched};
+use crate::rollup::{mark_presence, values, widen, Touched, PRESENCE_CHUNK};
 use crate::{Result, Store};
 
 /// Who is writing: a token's source and, when scoped, its teams.
@@ -85,7 +85,7 @@ struct Batch {
 }
 
 /// Samples per INSERT statement.
-const SAMPLE_CHUNK: usize = 32;
+const SAMPLE_CHUNK: usize = 128;
 
 /// `end_ts, source, kind, user_name, team, owner, context` of a stored allocation.
 type StoredAllocation = (
@@ -325,15 +325,20 @@ impl Store {
             let e = latest.entry(*id).or_insert(i64::MIN);
             *e = (*e).max(s.ts.timestamp());
         }
-        for (id, ts) in latest {
-            sqlx::query(&self.sql(
-                "UPDATE gpus SET last_seen = CASE WHEN last_seen < $2 THEN $2 ELSE last_seen END \
-             WHERE id = $1",
-            ))
-            .bind(id)
-            .bind(ts)
-            .execute(&mut **tx)
-            .await?;
+        let latest: Vec<(i64, i64)> = latest.into_iter().collect();
+        for chunk in latest.chunks(PRESENCE_CHUNK) {
+            let sql = format!(
+                "WITH v (id, ts) AS (VALUES {}) UPDATE gpus SET last_seen = \
+                 (SELECT v.ts FROM v WHERE v.id = gpus.id) \
+                 WHERE id IN (SELECT v.id FROM v WHERE v.ts > gpus.last_seen)",
+                values(chunk.len(), 2)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            for (id, ts) in chunk {
+                q = q.bind(*id).bind(*ts);
+            }
+            q.execute(&mut **tx).await?;
         }
         for (id, s) in &rows {
             let ts = s.ts.timestamp();

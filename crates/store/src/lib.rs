@@ -147,6 +147,47 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// Whether the `$N` parameters of `sql` are `$1, $2, …, $n` in order, each once.
+fn params_in_order(sql: &str) -> bool {
+    let mut want = 1u64;
+    let bytes = sql.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' {
+            let start = i + 1;
+            let mut end = start;
+            while end < bytes.len() && bytes[end].is_ascii_digit() {
+                end += 1;
+            }
+            match sql[start..end].parse::<u64>() {
+                Ok(n) if n == want => want += 1,
+                _ => return false,
+            }
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+/// `$N` → `?`.
+fn strip_param_numbers(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut digits = false;
+    for c in sql.chars() {
+        if c == '$' {
+            out.push('?');
+            digits = true;
+        } else if digits && c.is_ascii_digit() {
+        } else {
+            digits = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Turn a user's database setting into a URL sqlx understands: a plain path or `sqlite://PATH`
 /// becomes a SQLite file created when missing.
 pub fn normalize_url(url: &str) -> Result<(Backend, String)> {
@@ -311,9 +352,12 @@ impl Store {
     }
 
     /// The SQL for this backend: `$N` placeholders become `?N` on SQLite.
+    /// SQLite binds numbered parameters by looking each name up in a list, so a statement
+    /// whose parameters run `$1, $2, …` in order once each gets plain `?` (positional) there.
     pub(crate) fn sql<'a>(&self, sql: &'a str) -> Cow<'a, str> {
         match self.backend {
             Backend::Postgres => Cow::Borrowed(sql),
+            Backend::Sqlite if params_in_order(sql) => Cow::Owned(strip_param_numbers(sql)),
             Backend::Sqlite => Cow::Owned(sql.replace('$', "?")),
         }
     }
@@ -500,6 +544,20 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sqlite_gets_positional_parameters_only_when_they_run_in_order() {
+        use super::{params_in_order, strip_param_numbers};
+        assert!(params_in_order("VALUES ($1,$2),($3,$4)"));
+        assert_eq!(
+            strip_param_numbers("VALUES ($1,$2),($3,$4)"),
+            "VALUES (?,?),(?,?)"
+        );
+        assert!(!params_in_order("a = $2 AND b = $1"));
+        assert!(!params_in_order("a = $1 AND b = $1"));
+        assert!(!params_in_order("a = $1 AND b = $3"));
+        assert!(params_in_order("no parameters"));
+    }
+
     use super::*;
 
     #[test]

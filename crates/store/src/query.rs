@@ -645,7 +645,7 @@ impl Store {
         // Whole days from the day rollup; the partial days at the window's edges from the
         // allocations and hours themselves.
         let (days, edges) = whole_days(lo, hi);
-        let mut rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(
+        let rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) FROM gpu_day_use \
              WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
         ))
@@ -653,19 +653,12 @@ impl Store {
         .bind(days.1)
         .fetch_all(self.pool())
         .await?;
+        let mut shares: Vec<HeldShare> = rows.into_iter().map(held_share).collect();
         for (e_lo, e_hi) in edges {
             if e_lo < e_hi {
-                rows.extend(self.held_shares(e_lo, e_hi).await?);
+                shares.extend(self.held_shares(e_lo, e_hi).await?);
             }
         }
-        let shares: Vec<HeldShare> = rows
-            .into_iter()
-            .map(|(gpu_id, team, gpu_hours)| HeldShare {
-                gpu_id,
-                team: Some(team),
-                gpu_hours,
-            })
-            .collect();
         Ok(split(&rates, &shares, &present))
     }
 
@@ -718,30 +711,31 @@ impl Store {
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
         let (rates, present) = self.used_by_inputs(lo, hi, filters).await?;
-        let shares: Vec<HeldShare> = self
-            .held_shares(lo, hi)
-            .await?
-            .into_iter()
-            .map(|(gpu_id, team, gpu_hours)| HeldShare {
-                gpu_id,
-                team: Some(team),
-                gpu_hours,
-            })
-            .collect();
+        let shares = self.held_shares(lo, hi).await?;
         Ok(split(&rates, &shares, &present))
     }
 
     /// Each physical GPU's held hours per allocating team in `[lo, hi)`, from the allocations
     /// and present hours ([`HELD`]): the slow path, for the partial days at a window's edges.
-    pub(crate) async fn held_shares(&self, lo: i64, hi: i64) -> Result<Vec<(i64, String, f64)>> {
-        Ok(sqlx::query_as(&self.sql(&format!(
+    pub(crate) async fn held_shares(&self, lo: i64, hi: i64) -> Result<Vec<HeldShare>> {
+        let rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(&format!(
             "{HELD} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
              FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
         )))
         .bind(lo)
         .bind(hi)
         .fetch_all(self.pool())
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(held_share).collect())
+    }
+}
+
+/// A `(gpu_id, team, held hours)` row as the used-by split takes it.
+fn held_share((gpu_id, team, gpu_hours): (i64, String, f64)) -> HeldShare {
+    HeldShare {
+        gpu_id,
+        team: Some(team),
+        gpu_hours,
     }
 }
 

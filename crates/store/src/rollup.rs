@@ -256,13 +256,19 @@ impl Store {
         .await
     }
 
-    /// A database from before used-by was rolled up per day gets its rows once.
-    pub(crate) async fn fill_day_use_once(&self) -> Result<()> {
+    /// Whether the one-off step `key` of `meta` is done.
+    async fn done_once(&self, key: &str) -> Result<bool> {
         let done: Option<String> =
-            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = 'day_use'"))
+            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = $1"))
+                .bind(key.to_string())
                 .fetch_optional(self.pool())
                 .await?;
-        if done.is_some() {
+        Ok(done.is_some())
+    }
+
+    /// A database from before used-by was rolled up per day gets its rows once.
+    pub(crate) async fn fill_day_use_once(&self) -> Result<()> {
+        if self.done_once("day_use").await? {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
@@ -325,11 +331,7 @@ impl Store {
     /// closed allocation's later hours were re-flagged, hold flags the definitions no longer
     /// give. Only hours flagged allocated and the hours of GPUs with MIG instances can change.
     pub(crate) async fn refresh_allocated_once(&self) -> Result<()> {
-        let done: Option<String> =
-            sqlx::query_scalar(&self.sql("SELECT value FROM meta WHERE key = 'allocated_flags'"))
-                .fetch_optional(self.pool())
-                .await?;
-        if done.is_some() {
+        if self.done_once("allocated_flags").await? {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
