@@ -38,8 +38,8 @@ macro_rules! holders_of_ids {
            COALESCE(al.team, '') AS team \
            FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
            LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-           WHERE (al.gpu_id IN (IDS) OR al.gpu_id IN (SELECT m.id FROM gpus m JOIN gpus q \
-           ON m.mig_parent_uuid = q.uuid WHERE q.id IN (IDS))) \
+           WHERE al.gpu_id IN (SELECT g.id FROM gpus g WHERE g.id IN (IDS) UNION ALL \
+           SELECT m.id FROM gpus m JOIN gpus q ON m.mig_parent_uuid = q.uuid WHERE q.id IN (IDS)) \
            AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
          x AS (\
            SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
@@ -80,10 +80,12 @@ pub(crate) const REROLL_DAY_IDLE: &str = concat!(
 /// allocation of the GPU or of one of its MIG instances overlaps it (definitions: "allocated
 /// hour"). Only present hours have rows, so only present hours count.
 pub(crate) const ALLOCATED: &str = "CASE WHEN EXISTS (SELECT 1 FROM allocations a \
-     WHERE (a.gpu_id = gpu_hours.gpu_id OR a.gpu_id IN (SELECT c.id FROM gpus c JOIN gpus p \
-     ON c.mig_parent_uuid = p.uuid WHERE p.id = gpu_hours.gpu_id)) \
-     AND a.start_ts < gpu_hours.hour + 3600 \
-     AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) THEN 1 ELSE 0 END";
+     WHERE a.gpu_id = gpu_hours.gpu_id AND a.start_ts < gpu_hours.hour + 3600 \
+     AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) \
+     OR EXISTS (SELECT 1 FROM gpus p JOIN gpus c ON c.mig_parent_uuid = p.uuid \
+     JOIN allocations a ON a.gpu_id = c.id WHERE p.id = gpu_hours.gpu_id \
+     AND a.start_ts < gpu_hours.hour + 3600 AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) \
+     THEN 1 ELSE 0 END";
 
 /// (GPU, hour) presence rows per INSERT statement.
 pub(crate) const PRESENCE_CHUNK: usize = 200;
