@@ -67,6 +67,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         fleet
     };
+    // What the server's hourly maintenance does (PostgreSQL: ANALYZE), so plans fit the data.
+    store.analyze().await?;
     let storage = store.storage().await?;
     let summary = store
         .summary(

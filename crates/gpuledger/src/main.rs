@@ -204,6 +204,9 @@ fn spawn_maintenance(store: Store) {
                 Ok((raw, hours)) => tracing::debug!(raw, hours, "pruned past retention"),
                 Err(e) => tracing::warn!(error = %e, "pruning failed; will retry"),
             }
+            if let Err(e) = store.analyze().await {
+                tracing::warn!(error = %e, "refreshing planner statistics failed; will retry");
+            }
         }
     });
 }

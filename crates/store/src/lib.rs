@@ -507,6 +507,21 @@ impl Store {
         })
     }
 
+    /// Refresh the query planner's statistics of the tables that grow with the fleet, so plans
+    /// stay right as they grow: `ANALYZE` on PostgreSQL (what autovacuum does when it is on),
+    /// `PRAGMA optimize` on SQLite. The server runs it hourly with pruning.
+    pub async fn analyze(&self) -> Result<()> {
+        let sql = match self.backend {
+            Backend::Postgres => {
+                "ANALYZE gpus, gpu_hours, gpu_days, gpu_day_use, gpu_day_idle, gpu_owners, \
+                 allocations, samples"
+            }
+            Backend::Sqlite => "PRAGMA optimize",
+        };
+        sqlx::query(sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Delete raw samples and rollups past their retention. Raw samples go by whole hours so
     /// that an hour is never half pruned.
     pub async fn prune(&self, now_secs: i64) -> Result<(u64, u64)> {

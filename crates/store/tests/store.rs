@@ -2233,3 +2233,14 @@ async fn regression_a_null_float_does_not_break_later_writes(store: Store) {
 }
 
 both!(regression_a_null_float_does_not_break_later_writes);
+
+/// The hourly maintenance's planner statistics run on both backends (PostgreSQL's ANALYZE
+/// names every table that grows with the fleet; a missing one would fail here).
+async fn maintenance_refreshes_planner_statistics(store: Store) {
+    push(&store, &who("hand", None), SCENARIO).await;
+    store.analyze().await.unwrap();
+    store.prune(now().timestamp()).await.unwrap();
+    store.analyze().await.unwrap();
+}
+
+both!(maintenance_refreshes_planner_statistics);
