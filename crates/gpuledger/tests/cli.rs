@@ -246,8 +246,8 @@ fn demo_loads_through_ingest_and_summarizes() {
     assert!(t["allocated_idle_hours"].as_i64().unwrap() > 0);
 }
 
-/// `gpuledger bench` (docs/benchmarks.md) at its smallest: two copies of the demo fleet over
-/// a day, every page timed once, then the pages again with `--no-load`. It measures; this
+/// `gpuledger bench` (docs/benchmarks.md) at its smallest: one copy of the demo fleet over a
+/// day, every page timed once, then the pages again with `--no-load`. It measures; this
 /// only checks that it runs and reports every part.
 #[test]
 fn bench_loads_a_scaled_fleet_and_times_every_page() {
@@ -257,7 +257,7 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
         let mut args = vec![
             "bench",
             "--gpus",
-            "500",
+            "400",
             "--days",
             "1",
             "--requests",
@@ -276,7 +276,7 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
     };
     let text = run(&[]);
     assert!(
-        text.contains("fleet: 816 GPUs on 176 hosts, 1 days"),
+        text.contains("fleet: 408 GPUs on 88 hosts, 1 days"),
         "{text}"
     );
     assert!(
@@ -339,7 +339,8 @@ async fn serve_runs_a_configured_dcgm_collector() {
     .unwrap();
     let (_server, base) = serve(&dir, &["--config", "g.toml"]);
     let mut gpus = serde_json::Value::Null;
-    for _ in 0..50 {
+    // Polls for the collector's first run: up to 30 s, for a machine busy with other tests.
+    for _ in 0..150 {
         gpus = reqwest::get(format!("{base}/api/v1/gpus"))
             .await
             .unwrap()

@@ -511,6 +511,9 @@ impl Store {
     /// stay right as they grow: `ANALYZE` on PostgreSQL (what autovacuum does when it is on),
     /// `PRAGMA optimize` on SQLite. The server runs it hourly with pruning.
     pub async fn analyze(&self) -> Result<()> {
+        // It writes statistics: one writer at a time, as for ingest (a SQLite write beside an
+        // ingest's transaction would make that one fail busy).
+        let _writer = self.write_lock.lock().await;
         let sql = match self.backend {
             Backend::Postgres => {
                 "ANALYZE gpus, gpu_hours, gpu_days, gpu_day_use, gpu_day_idle, gpu_owners, \
@@ -525,6 +528,7 @@ impl Store {
     /// Delete raw samples and rollups past their retention. Raw samples go by whole hours so
     /// that an hour is never half pruned.
     pub async fn prune(&self, now_secs: i64) -> Result<(u64, u64)> {
+        let _writer = self.write_lock.lock().await;
         let raw_cutoff = self.raw_cutoff(now_secs) - gpuledger_model::HOUR_SECS;
         let rollup_cutoff = gpuledger_model::day_floor(
             now_secs - self.settings.rollup_retention_days * gpuledger_model::DAY_SECS,
