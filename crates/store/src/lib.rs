@@ -366,6 +366,13 @@ impl Store {
         &self.pool
     }
 
+    /// Run a trivial query (`SELECT 1`): whether the database answers now. The server's
+    /// readiness probe (`/readyz`) asks it.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Close the pool, finishing in-flight work.
     pub async fn close(&self) {
         self.pool.close().await;

@@ -96,6 +96,27 @@ async fn require_viewer(State(state): State<AppState>, req: Request, next: Next)
     }
 }
 
+/// How long `/readyz` waits for the database before it answers 503: shorter than a probe's
+/// usual timeout, so the probe sees "not ready" rather than a hung request.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Readiness: 200 when the database answers a trivial query, 503 otherwise. `/healthz` says
+/// only that the process serves HTTP (a liveness probe must not restart the server because its
+/// database is away). The error goes to the log, not to the unauthenticated caller.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let failure = match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => return (StatusCode::OK, "ready\n").into_response(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {} s", READY_TIMEOUT.as_secs()),
+    };
+    tracing::warn!(error = %failure, "not ready: the database did not answer");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not ready: the database did not answer\n",
+    )
+        .into_response()
+}
+
 /// The whole router.
 pub fn router(state: AppState) -> Router {
     let reads = Router::new()
@@ -127,6 +148,7 @@ pub fn router(state: AppState) -> Router {
             post(ingest::handler).layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,

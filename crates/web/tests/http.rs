@@ -1055,3 +1055,21 @@ async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
         fig["cost_usd"].as_f64().map(cents)
     );
 }
+
+/// `/readyz` answers 200 while the database answers and 503 once it does not; `/healthz`
+/// stays 200 (liveness must not depend on the database). Neither needs a token.
+#[tokio::test]
+async fn ops_readyz_follows_the_database() {
+    let app = app(WebConfig {
+        read_requires_token: true,
+        ..WebConfig::default()
+    })
+    .await;
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    app.store.close().await;
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("database"), "{body}");
+    assert_eq!(app.get("/healthz").await.0, 200);
+}
