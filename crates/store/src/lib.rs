@@ -12,6 +12,7 @@ mod float;
 mod identity;
 mod ingest;
 mod owners;
+mod partitions;
 mod query;
 mod rollup;
 mod rows;
@@ -113,6 +114,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "day_use",
         include_str!("../migrations/sqlite/0006_day_use.sql"),
     ),
+    (
+        7,
+        "hour_layout",
+        include_str!("../migrations/sqlite/0007_hour_layout.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -144,6 +150,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         6,
         "day_use",
         include_str!("../migrations/postgres/0006_day_use.sql"),
+    ),
+    (
+        7,
+        "hour_layout",
+        include_str!("../migrations/postgres/0007_hour_layout.sql"),
     ),
 ];
 
@@ -291,6 +302,9 @@ impl Store {
             write_lock: Default::default(),
         };
         store.migrate().await?;
+        store
+            .ensure_partitions(chrono::Utc::now().timestamp())
+            .await?;
         if apply_settings {
             store.apply_settings().await?;
         } else {
@@ -482,8 +496,11 @@ impl Store {
                 .fetch_one(&self.pool)
                 .await?
                 .unwrap_or(0),
+                // A partitioned table's size is its partitions'.
                 Backend::Postgres => sqlx::query_scalar::<_, Option<i64>>(&format!(
-                    "SELECT CAST(pg_total_relation_size(to_regclass('{t}')) AS BIGINT)"
+                    "SELECT CAST(SUM(pg_total_relation_size(c)) AS BIGINT) FROM (\
+                     SELECT to_regclass('{t}') AS c UNION ALL SELECT inhrelid FROM pg_inherits \
+                     WHERE inhparent = to_regclass('{t}')) x"
                 ))
                 .fetch_one(&self.pool)
                 .await?
@@ -500,7 +517,7 @@ impl Store {
                 Backend::Postgres => sqlx::query_scalar(
                     "SELECT CAST(SUM(pg_total_relation_size(c.oid)) AS BIGINT) FROM pg_class c \
                      JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     WHERE c.relkind = 'r' AND n.nspname = current_schema()",
+                     WHERE c.relkind IN ('r', 'p') AND n.nspname = current_schema()",
                 )
                 .fetch_one(&self.pool)
                 .await?,
@@ -540,12 +557,23 @@ impl Store {
         let rollup_cutoff = gpuledger_model::day_floor(
             now_secs - self.settings.rollup_retention_days * gpuledger_model::DAY_SECS,
         );
-        let raw = sqlx::query(&self.sql("DELETE FROM samples WHERE ts < $1"))
+        // PostgreSQL: whole partitions past retention are dropped, then the partly expired
+        // rest deleted; the next days' partitions are made.
+        let mut raw = 0;
+        let mut hours = 0;
+        if self.backend == Backend::Postgres {
+            self.ensure_partitions(now_secs).await?;
+            raw += self.drop_partitions_before("samples", raw_cutoff).await?;
+            hours += self
+                .drop_partitions_before("gpu_hours", rollup_cutoff)
+                .await?;
+        }
+        raw += sqlx::query(&self.sql("DELETE FROM samples WHERE ts < $1"))
             .bind(raw_cutoff)
             .execute(&self.pool)
             .await?
             .rows_affected();
-        let hours = sqlx::query(&self.sql("DELETE FROM gpu_hours WHERE hour < $1"))
+        hours += sqlx::query(&self.sql("DELETE FROM gpu_hours WHERE hour < $1"))
             .bind(rollup_cutoff)
             .execute(&self.pool)
             .await?

@@ -2244,3 +2244,88 @@ async fn maintenance_refreshes_planner_statistics(store: Store) {
 }
 
 both!(maintenance_refreshes_planner_statistics);
+
+/// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
+/// samples land in theirs (not the default), retention drops a partition whole, and a row
+/// that arrived before its partition existed moves into it when it is made.
+#[tokio::test]
+async fn postgres_retention_drops_time_partitions() {
+    use sqlx::Executor;
+    let Some(url) = pg_url("postgres_retention_drops_time_partitions") else {
+        return;
+    };
+    let schema = format!("t_partitions_{}", std::process::id());
+    Store::drop_schema(&url, &schema).await.unwrap();
+    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    pool.execute(format!("SET search_path TO {schema}").as_str())
+        .await
+        .unwrap();
+    let rows = |table: String| {
+        let pool = pool.clone();
+        async move {
+            let exists: Option<String> = sqlx::query_scalar("SELECT CAST(to_regclass($1) AS TEXT)")
+                .bind(&table)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            match exists {
+                None => None,
+                Some(_) => Some(
+                    sqlx::query_scalar::<_, i64>(&format!("SELECT COUNT(*) FROM {table}"))
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap(),
+                ),
+            }
+        }
+    };
+    store.ensure_partitions(now().timestamp()).await.unwrap();
+    push(&store, &who("hand", None), SCENARIO).await;
+    let dec1 = t("2026-12-01T00:00:00Z").timestamp();
+    assert_eq!(rows("samples_default".into()).await, Some(0));
+    assert_eq!(rows(format!("samples_p{dec1}")).await, Some(9));
+    assert_eq!(rows("gpu_hours_default".into()).await, Some(0));
+
+    // 15 days on, the raw samples of 1 December are past the 14 days kept: their partition
+    // goes whole; the hour rollups stay.
+    let later = now() + Duration::days(15);
+    let (raw, _) = store.prune(later.timestamp()).await.unwrap();
+    assert_eq!(raw, 9);
+    assert_eq!(rows(format!("samples_p{dec1}")).await, None);
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, later)
+        .await
+        .unwrap();
+    assert_eq!(s.total.gpu_hours, 13);
+
+    // A sample for a day no partition covers yet lands in the default, and moves into the
+    // day's partition when the server makes it.
+    let far = now() + Duration::days(40);
+    let far_day = far.timestamp() - far.timestamp() % 86_400;
+    let out = push_at(
+        &store,
+        &who("hand", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","observed_at":"{far}"}}],"samples":[{{"gpu_uuid":"{A}","ts":"{far}","util_pct":90}}]}}"#,
+            far = far.to_rfc3339()
+        ),
+        far,
+    )
+    .await;
+    assert_eq!(out.accepted.samples, 1, "{:?}", out.rejected);
+    assert_eq!(rows("samples_default".into()).await, Some(1));
+    assert_eq!(rows(format!("samples_p{far_day}")).await, None);
+    store.ensure_partitions(far.timestamp()).await.unwrap();
+    assert_eq!(rows("samples_default".into()).await, Some(0));
+    assert_eq!(rows(format!("samples_p{far_day}")).await, Some(1));
+    assert_eq!(rows("gpu_hours_default".into()).await, Some(0));
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
