@@ -212,6 +212,26 @@ impl Store {
                 }
             }
             let merged = merge_gpu(existing, g, &who.source, &self.settings);
+            // A MIG instance's allocations hold its parent GPU, so a token writes an instance
+            // only under a GPU it may write.
+            if let Some(parent) = &merged.mig_parent_uuid {
+                let team = match b.known.get(parent) {
+                    Some((_, p)) => Some(p.team.clone()),
+                    None => self.gpu_team(tx, parent).await?,
+                };
+                if let Some(team) = team.filter(|t| !who.may_write(t)) {
+                    b.out.rejected.push(Rejection::forbidden(
+                        format!("gpus[{i}].mig_parent_uuid"),
+                        format!(
+                            "MIG instance {}: its parent GPU {parent} is owned by team `{team}`; \
+                             this token may write only teams: {}",
+                            g.uuid,
+                            who.teams_text()
+                        ),
+                    ));
+                    continue;
+                }
+            }
             if !who.may_write(&merged.team) {
                 b.out.rejected.push(Rejection::forbidden(
                     format!("gpus[{i}].labels.team"),
@@ -248,6 +268,16 @@ impl Store {
         }
 
         Ok(())
+    }
+
+    /// The owner of the stored GPU `uuid`, if there is one.
+    async fn gpu_team(&self, tx: &mut Transaction<'_, Any>, uuid: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar(&self.sql("SELECT team FROM gpus WHERE uuid = $1"))
+                .bind(uuid.to_string())
+                .fetch_optional(&mut **tx)
+                .await?,
+        )
     }
 
     /// The body's samples: scope and retention checks, idempotent inserts, presence and the

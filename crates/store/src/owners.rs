@@ -265,7 +265,8 @@ impl Store {
             rec.holders = holders;
             rec.rederive(&self.settings);
             let changed = owner_changed(Some(&old), &rec);
-            if changed && !who.may_write(&rec.team) {
+            // A scoped token moves a GPU neither into nor out of a team it may not write.
+            if changed && !(who.may_write(&rec.team) && who.may_write(&old.team)) {
                 refused.push(format!(
                     "the workloads now holding GPU {} would place it in team `{}`; this token \
                      may write only teams: {}; it stays `{}`'s",

@@ -2329,3 +2329,106 @@ async fn postgres_retention_drops_time_partitions() {
     assert_eq!(rows("gpu_hours_default".into()).await, Some(0));
     Store::drop_schema(&url, &schema).await.unwrap();
 }
+
+/// A team-scoped token may not take another team's GPU through a MIG instance: it may not
+/// create an instance under a GPU it cannot write, and an allocation it sends may not move a
+/// GPU out of a team it cannot write (here via a namespace rule on the instance's parent).
+async fn scoped_token_cannot_take_a_gpu_through_a_mig_instance(
+    open: impl Fn(Settings) -> std::pin::Pin<Box<dyn std::future::Future<Output = Store>>>,
+) {
+    use gpuledger_ledger::ownership::{Attr, Rule, Setting};
+    let mut settings = Settings::default();
+    settings.ownership.rules.push(Rule {
+        name: Some("namespace team".into()),
+        when: vec![(Attr::Namespace, "*-prod".into())],
+        team: Some(Setting::From(Attr::NamespaceLabel("team".into()))),
+        env: None,
+    });
+    let store = open(settings).await;
+    let parent = "GPU-0a0a0a0a-0000-0000-0000-00000000000a";
+    let child = "MIG-0a0a0a0a-0000-0000-0000-00000000000b";
+    let pod = |gpu: &str, ns: &str, start: &str| {
+        format!(
+            r#"{{"gpu_uuid":"{gpu}","start":"{start}","workload":"{ns}/w","kind":"pod","context":{{"namespace":"{ns}","namespace_labels":{{"team":"{team}"}}}}}}"#,
+            team = ns.trim_end_matches("-prod")
+        )
+    };
+    // vision's GPU, placed by its last pod (ended).
+    let admin = who("k8s", None);
+    collect_at(
+        &store,
+        &admin,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{parent}","model":"NVIDIA A100-SXM4-40GB","host":"h-a","observed_at":"2026-12-02T08:00:00Z"}}],"allocations":[{}]}}"#,
+            pod(parent, "vision-prod", "2026-12-02T08:00:00Z")
+                .replace(r#""start""#, r#""end":"2026-12-02T08:30:00Z","start""#)
+        ),
+        t("2026-12-02T08:31:00Z"),
+    )
+    .await;
+    let team_of = |uuid: &'static str| {
+        let store = store.clone();
+        async move { store.gpu(uuid, now()).await.unwrap().map(|g| g.team) }
+    };
+    assert_eq!(team_of(parent).await.as_deref(), Some("vision"));
+
+    // nlp's token creates an instance under vision's GPU and a pod on it.
+    let nlp = who("nlp-push", Some(&["nlp"]));
+    let out = push_at(
+        &store,
+        &nlp,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{child}","model":"NVIDIA A100-SXM4-40GB MIG 1g.5gb","host":"h-a","mig_parent_uuid":"{parent}","mig_profile":"1g.5gb","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T09:00:00Z"}}],"allocations":[{}]}}"#,
+            pod(child, "nlp-prod", "2026-12-02T09:00:00Z")
+        ),
+        t("2026-12-02T09:01:00Z"),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus + out.accepted.allocations, 0, "{out:?}");
+    let gpu_refusal = out
+        .rejected
+        .iter()
+        .find(|r| r.path == "gpus[0].mig_parent_uuid")
+        .unwrap_or_else(|| panic!("{:?}", out.rejected));
+    assert!(gpu_refusal.forbidden);
+    assert!(
+        gpu_refusal.reason.contains(&format!(
+            "its parent GPU {parent} is owned by team `vision`"
+        )),
+        "{}",
+        gpu_refusal.reason
+    );
+    assert_eq!(team_of(parent).await.as_deref(), Some("vision"));
+    assert_eq!(team_of(child).await, None);
+
+    // Where the instance exists (an unscoped source reported it), nlp's pod on it still may
+    // not move its parent out of vision.
+    collect_at(
+        &store,
+        &admin,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{child}","model":"NVIDIA A100-SXM4-40GB MIG 1g.5gb","host":"h-a","mig_parent_uuid":"{parent}","mig_profile":"1g.5gb","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T09:30:00Z"}}]}}"#
+        ),
+        t("2026-12-02T09:31:00Z"),
+    )
+    .await;
+    let out = push_at(
+        &store,
+        &nlp,
+        &format!(
+            r#"{{"allocations":[{}]}}"#,
+            pod(child, "nlp-prod", "2026-12-02T10:00:00Z")
+        ),
+        t("2026-12-02T10:01:00Z"),
+    )
+    .await;
+    assert!(
+        out.rejected.iter().any(|r| r.forbidden
+            && r.reason.contains(&format!("GPU {parent}"))
+            && r.reason.contains("stays `vision`'s")),
+        "{out:?}"
+    );
+    assert_eq!(team_of(parent).await.as_deref(), Some("vision"));
+}
+
+both_reopening!(scoped_token_cannot_take_a_gpu_through_a_mig_instance);
