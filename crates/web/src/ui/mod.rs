@@ -27,10 +27,11 @@ pub use usage::usage;
 pub use waste::{savings_api, waste};
 
 use askama::Template;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use gpuledger_model::{SourceStatus, SourceView};
 
+use crate::csv::Csv;
 use crate::params::{Params, DEFAULT_RANGE_DAYS};
 use crate::{error, AppState};
 
@@ -205,26 +206,11 @@ impl Table {
     }
 
     fn to_csv(&self) -> Response {
-        let mut w = csv::Writer::from_writer(Vec::new());
-        let header: Vec<&str> = self.cols.iter().map(|c| c.name.as_str()).collect();
-        let mut ok = w.write_record(&header).is_ok();
+        let mut csv = Csv::new(&self.id, self.cols.iter().map(|c| c.name.as_str()));
         for row in &self.rows {
-            ok &= w.write_record(row.iter().map(|c| c.text.as_str())).is_ok();
+            csv.row(row.iter().map(|c| c.text.as_str()));
         }
-        match (ok, w.into_inner()) {
-            (true, Ok(bytes)) => (
-                [
-                    (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
-                    (
-                        header::CONTENT_DISPOSITION,
-                        format!("attachment; filename=\"{}.csv\"", self.id),
-                    ),
-                ],
-                bytes,
-            )
-                .into_response(),
-            _ => error(StatusCode::INTERNAL_SERVER_ERROR, "could not write CSV"),
-        }
+        csv.into_response()
     }
 }
 
