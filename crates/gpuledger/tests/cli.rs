@@ -301,6 +301,73 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
     );
 }
 
+/// Whether `tool` is an executable on PATH.
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .any(|d| d.join(tool).is_file())
+}
+
+/// `scripts/bench-prometheus.sh` (docs/benchmarks.md) at its smallest: the bench's OpenMetrics
+/// file must backfill with promtool, and the per-team answers of a real Prometheus must equal
+/// gpuledger's. Checked twice: the bench fails when they differ, and here from its table.
+#[test]
+fn bench_prometheus_script_backfills_and_agrees_per_team() {
+    if !["prometheus", "promtool", "curl"]
+        .iter()
+        .all(|t| on_path(t))
+    {
+        if std::env::var_os("GPULEDGER_REQUIRE_PROMETHEUS").is_some() {
+            panic!("GPULEDGER_REQUIRE_PROMETHEUS is set but prometheus, promtool or curl is not on PATH; install Debian's `prometheus` package");
+        }
+        eprintln!("skipped: bench_prometheus_script_backfills_and_agrees_per_team (no prometheus/promtool/curl on PATH)");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench-prometheus.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--gpus", "408", "--days", "2", "--requests", "1"])
+        .env("GPULEDGER_BIN", env!("CARGO_BIN_EXE_gpuledger"))
+        .env("TMPDIR", tempdir("bench-prometheus"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("promtool backfill:"), "{text}");
+    assert!(text.contains("freshness: a sample pushed for"), "{text}");
+    assert!(
+        text.contains("ratio, Prometheus's time over gpuledger's:"),
+        "{text}"
+    );
+    // The table: team, GPU-hours, unknown, measured, PromQL's GPU-hours, idle, PromQL's idle,
+    // average activity, PromQL's average activity.
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("team "))
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with("agree:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 9, "eight teams and unowned: {text}");
+    let mut unknown = 0;
+    for r in &rows {
+        let n = |i: usize| r[i].parse::<i64>().unwrap();
+        assert_eq!(n(1) - n(2), n(3), "{r:?}");
+        assert_eq!(n(3), n(4), "Prometheus's GPU-hours differ: {r:?}");
+        assert_eq!(n(5), n(6), "Prometheus's idle hours differ: {r:?}");
+        assert_eq!(r[7], r[8], "Prometheus's average activity differs: {r:?}");
+        assert!(n(3) > 0, "{r:?}");
+        unknown += n(2);
+    }
+    assert!(unknown > 0, "the fleet has unmeasured hours: {text}");
+    assert!(text.contains("agree: for every team"), "{text}");
+}
+
 /// Serve one file over HTTP on a free port from a thread, for as long as the test runs.
 fn serve_file(body: String) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
