@@ -69,5 +69,6 @@ export GPULEDGER_REQUIRE_BROWSER=1 GPULEDGER_REQUIRE_PROMETHEUS=1
 export GPULEDGER_REQUIRE_CORPUS=1 GPULEDGER_REQUIRE_POSTGRES=1
 export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 
+scripts/check-deploy.sh
 log "cargo test (PostgreSQL: $GPULEDGER_TEST_PG_URL)"
 cargo test --workspace --locked "$@"
