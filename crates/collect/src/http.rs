@@ -20,15 +20,12 @@ pub(crate) async fn get_bytes(
     };
     let status = resp.status();
     if !status.is_success() {
-        // The first chunk is enough to say why.
+        // What the answer says goes to the log, never into the error: the error is shown to
+        // every viewer as the source's last error, and the URL may answer anything.
         let first = resp.chunk().await.map_err(read_failed)?.unwrap_or_default();
         let snippet: String = String::from_utf8_lossy(&first).chars().take(300).collect();
-        let snippet = snippet.trim();
-        let msg = if snippet.is_empty() {
-            format!("{what}: answered HTTP {status}")
-        } else {
-            format!("{what}: answered HTTP {status}: {snippet}")
-        };
+        tracing::warn!(request = %what, %status, answer = ?snippet.trim(), "non-success answer");
+        let msg = format!("{what}: answered HTTP {status}");
         return Err(if status.is_client_error() && status.as_u16() != 429 {
             CollectError::Config(format!("{msg}; check the URL, the query and any token"))
         } else {

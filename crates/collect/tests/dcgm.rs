@@ -763,6 +763,92 @@ async fn scrape_one_failing_endpoint_does_not_fail_the_others() {
     }
 }
 
+/// Issue 14: a collector copied the first non-metric line of whatever a URL answered (a
+/// password file, an error page) into its error, which viewers read as the source's
+/// `last_error`. Errors now name the URL, the status and the kind of problem, never the text.
+#[tokio::test]
+async fn scrape_errors_never_repeat_what_the_url_answered() {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    const SECRET: &str = "hunter2";
+    const UUID: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000001";
+    let dcgm = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{UUID=\"{UUID}\"}} {SECRET}\n\
+         DCGM_FI_DEV_GPU_UTIL{{{SECRET}}} 5\n\
+         DCGM_FI_DEV_GPU_UTIL{{UUID=\"{UUID}\",{SECRET}=}} 5\n\
+         DCGM_FI_DEV_GPU_UTIL{{UUID=\"{UUID}\"}} 5 {SECRET}\n\
+         {SECRET} is here\n"
+    );
+    let broken_series = format!(
+        r#"{{"status":"success","warnings":["{SECRET}"],"data":{{"resultType":"vector","result":[
+            {{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"{UUID}"}},"value":[1,"{SECRET}"]}},
+            {{"metric":"{SECRET}"}}]}}}}"#
+    );
+    let app = axum::Router::new()
+        .route(
+            "/passwd",
+            get(|| async { format!("root:x:0:0:root:/root:/bin/bash\nTOKEN={SECRET}\n") }),
+        )
+        .route(
+            "/fail",
+            get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, format!("oops {SECRET}")) }),
+        )
+        .route(
+            "/denied",
+            get(|| async { (StatusCode::FORBIDDEN, format!("no {SECRET}")) }),
+        )
+        .route("/bad-dcgm", get(move || async move { dcgm }))
+        .route(
+            "/prom/api/v1/query",
+            get(|| async {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!(r#"{{"status":"error","errorType":"bad_data","error":"{SECRET}"}}"#),
+                )
+            }),
+        )
+        .route(
+            "/prom-ok/api/v1/query",
+            get(|| async {
+                format!(r#"{{"status":"error","errorType":"{SECRET}","error":"{SECRET}"}}"#)
+            }),
+        )
+        .route(
+            "/prom-series/api/v1/query",
+            get(move || async move { broken_series }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut messages = Vec::new();
+    for settings in [
+        format!("endpoints = [\"{base}/passwd\", \"{base}/fail\", \"{base}/bad-dcgm\"]"),
+        format!("endpoints = [\"{base}/denied\"]"),
+        format!("prometheus_url = \"{base}/prom\""),
+        format!("prometheus_url = \"{base}/prom-ok\""),
+        format!("prometheus_url = \"{base}/prom-series\""),
+    ] {
+        let c = build("dcgm", "x", &format!("{settings}\ntimeout_secs = 5\n")).unwrap();
+        match c.collect_report().await {
+            Ok(r) => messages.extend(r.problems.iter().map(|p| p.to_string())),
+            Err(e) => messages.push(e.to_string()),
+        }
+    }
+    server.abort();
+    let all = messages.join("\n");
+    assert!(messages.len() >= 5, "{all}");
+    assert!(!all.contains(SECRET) && !all.contains("root:x"), "{all}");
+    // What is said instead: the URL, the status, the kind of problem and the line.
+    assert!(all.contains(&format!("{base}/passwd")), "{all}");
+    assert!(
+        all.contains("HTTP 500") && all.contains("HTTP 403"),
+        "{all}"
+    );
+    assert!(all.contains("line 1 is not Prometheus text"), "{all}");
+    assert!(all.contains("line 1: the value is not a number"), "{all}");
+    assert!(all.contains("line 4: the timestamp"), "{all}");
+}
+
 #[tokio::test]
 async fn scrape_allocations_keep_their_start_across_runs() {
     let Some(dir) = corpus_dcgm() else { return };

@@ -244,15 +244,17 @@ pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration
     }
 }
 
-/// Mark the source `error` with `msg` on the sources page.
+/// Mark the source `error` with `msg` on the sources page, cut to
+/// [`gpuledger_ledger::MESSAGE_CHARS`]: every viewer reads it, whatever the source answered.
 async fn record_error(
     store: &Store,
     principal: &Principal,
     msg: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) {
+    let msg = gpuledger_ledger::clip(msg, gpuledger_ledger::MESSAGE_CHARS);
     if let Err(e) = store
-        .record_source_error(&principal.source, &principal.kind, msg, now)
+        .record_source_error(&principal.source, &principal.kind, &msg, now)
         .await
     {
         tracing::warn!(source = %principal.source, error = %e, "could not record the collector's error");

@@ -92,7 +92,7 @@ pub fn decode_body(
             owned = out;
             &owned
         }
-        Some(other) => return Err(DecodeError::UnsupportedEncoding(other.to_string())),
+        Some(other) => return Err(DecodeError::UnsupportedEncoding(echo(other).into_owned())),
     };
     match serde_json::from_slice::<Value>(json_bytes) {
         Ok(Value::Object(map)) => Ok(map),
@@ -112,10 +112,13 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    /// A rejection of the record at `path`. Both are cut to [`PATH_CHARS`] and
+    /// [`MESSAGE_CHARS`]: whatever a caller sent, what is answered and kept stays small.
     pub fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        let (path, reason) = (path.into(), reason.into());
         Rejection {
-            path: path.into(),
-            reason: reason.into(),
+            path: clip(&path, PATH_CHARS).into_owned(),
+            reason: clip(&reason, MESSAGE_CHARS).into_owned(),
             forbidden: false,
         }
     }
@@ -132,6 +135,68 @@ impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.path, self.reason)
     }
+}
+
+/// The most characters of a caller's own input (a field name, a value, a header) that any
+/// message repeats back: a rejection, an error answer or a source's `last_error` stays small
+/// whatever was sent.
+pub const ECHO_CHARS: usize = 100;
+
+/// The most characters of a rejection's path, and of a message kept about a source
+/// (`last_error`), whatever went into them.
+pub const PATH_CHARS: usize = 200;
+pub const MESSAGE_CHARS: usize = 500;
+
+/// `value` as a message may repeat it: at most [`ECHO_CHARS`] characters, cut with `…`.
+pub fn echo(value: &str) -> std::borrow::Cow<'_, str> {
+    clip(value, ECHO_CHARS)
+}
+
+/// `text` cut to at most `max_chars` characters (the last one `…` when cut).
+pub fn clip(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => text.into(),
+        Some(_) => {
+            let keep = max_chars.saturating_sub(1);
+            let end = text.char_indices().nth(keep).map_or(text.len(), |(i, _)| i);
+            format!("{}…", &text[..end]).into()
+        }
+    }
+}
+
+/// A message that quotes input between backticks or double quotes (serde's "unknown field
+/// `…`", "invalid type: string \"…\""), with every quoted part cut by [`echo`]: the rest of the
+/// message, which says what to do, is kept whole.
+fn echo_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(2 * MESSAGE_CHARS));
+    let mut rest = message;
+    while let Some(open) = rest.find(['`', '"']) {
+        let quote = rest.as_bytes()[open] as char;
+        out.push_str(&rest[..=open]);
+        let inner = &rest[open + 1..];
+        // The closing quote; a double-quoted string may escape quotes inside.
+        let mut close = None;
+        let mut escaped = false;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '\\' if quote == '"' && !escaped => escaped = true,
+                c if c == quote && !escaped => {
+                    close = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let Some(close) = close else {
+            out.push_str(&echo(inner));
+            return out;
+        };
+        out.push_str(&echo(&inner[..close]));
+        out.push(quote);
+        rest = &inner[close + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The valid records of a body, each with its index in its list, and the rejected ones.
@@ -197,7 +262,11 @@ fn validate(
             .into_iter()
             .for_each(|r| out.allocations.push(r)),
             other => out.rejections.push(Rejection::new(
-                if other.is_empty() { "\"\"" } else { other },
+                if other.is_empty() {
+                    "\"\"".into()
+                } else {
+                    echo(other)
+                },
                 "unknown field; a body may carry only `gpus`, `samples` and `allocations`",
             )),
         }
@@ -236,7 +305,7 @@ fn each<T: DeserializeOwned>(
                 let full = if inner.is_empty() || inner == "." {
                     path
                 } else {
-                    format!("{path}.{inner}")
+                    format!("{path}.{}", echo(&inner))
                 };
                 rejections.push(Rejection::new(full, clean_serde_message(err.inner())));
             }
@@ -257,13 +326,15 @@ fn kind_of(v: &Value) -> &'static str {
 }
 
 /// serde_json appends "at line 1 column 2" positions that mean nothing for a value already
-/// parsed; drop them so the reason reads cleanly.
+/// parsed; drop them so the reason reads cleanly. The field names and values it quotes are cut
+/// by [`echo`].
 fn clean_serde_message(err: &serde_json::Error) -> String {
     let msg = err.to_string();
-    match msg.find(" at line ") {
-        Some(pos) => msg[..pos].to_string(),
-        None => msg,
-    }
+    let msg = match msg.rfind(" at line ") {
+        Some(pos) => &msg[..pos],
+        None => &msg,
+    };
+    echo_quoted(msg)
 }
 
 /// Why a GPU UUID is not acceptable, if it is not. Accepts NVIDIA's `GPU-…` and `MIG-…` forms
@@ -280,7 +351,8 @@ pub fn uuid_problem(uuid: &str) -> Option<String> {
     }
     if !(uuid.starts_with("GPU-") || uuid.starts_with("MIG-")) {
         return Some(format!(
-            "must be an NVIDIA UUID starting with `GPU-` or `MIG-` (as nvidia-smi -L prints), got `{uuid}`"
+            "must be an NVIDIA UUID starting with `GPU-` or `MIG-` (as nvidia-smi -L prints), got `{}`",
+            echo(uuid)
         ));
     }
     if let Some(bad) = uuid
@@ -422,7 +494,7 @@ fn labels(path: &str, map: &BTreeMap<String, String>) -> Result<(), Rejection> {
     for (k, v) in map {
         if k.is_empty() || k.len() > MAX_TEXT || v.len() > MAX_TEXT {
             return Err(Rejection::new(
-                format!("{path}.{k}"),
+                format!("{path}.{}", echo(k)),
                 format!("keys must be 1..={MAX_TEXT} bytes and values at most {MAX_TEXT} bytes"),
             ));
         }
@@ -566,6 +638,52 @@ mod tests {
                 "gpus[3].cloud"
             ]
         );
+    }
+
+    #[test]
+    fn echoes_are_cut_and_say_so() {
+        assert_eq!(echo("short"), "short");
+        let cut = echo(&"é".repeat(5000)).into_owned();
+        assert_eq!(cut.chars().count(), ECHO_CHARS);
+        assert!(cut.ends_with('…'));
+        assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(clip("abcd", 4), "abcd");
+        let long = "x".repeat(300);
+        assert_eq!(
+            echo_quoted(&format!("unknown field `{long}`, expected one of `a`, `b`")),
+            format!("unknown field `{}`, expected one of `a`, `b`", echo(&long))
+        );
+        assert_eq!(
+            echo_quoted(&format!(
+                r#"invalid type: string "a\"{long}", expected f64"#
+            )),
+            format!(
+                r#"invalid type: string "{}", expected f64"#,
+                echo(&format!(r#"a\"{long}"#))
+            )
+        );
+        assert_eq!(echo_quoted("open `quote"), "open `quote");
+    }
+
+    #[test]
+    fn a_huge_field_name_or_value_is_not_echoed_whole() {
+        let huge = "k".repeat(1 << 20);
+        let v = validate(&format!(
+            r#"{{"{huge}":[],"samples":[{{"gpu_uuid":"GPU-a","ts":"2026-12-02T10:00:00Z","{huge}":1}},
+               {{"gpu_uuid":"GPU-a","ts":"2026-12-02T10:00:00Z","util_pct":"{huge}"}}],
+               "gpus":[{{"uuid":"GPU-b","model":"T4","labels":{{"{huge}":"v"}},"observed_at":"2026-12-02T10:00:00Z"}}]}}"#
+        ));
+        assert_eq!(v.rejections.len(), 4, "{:?}", v.rejections);
+        for r in &v.rejections {
+            assert!(
+                r.path.chars().count() <= PATH_CHARS && r.reason.chars().count() <= MESSAGE_CHARS
+            );
+            assert!(!r.to_string().contains(&"k".repeat(ECHO_CHARS + 1)), "{r}");
+        }
+        assert!(v
+            .rejections
+            .iter()
+            .any(|r| r.reason.contains("expected one of")));
     }
 
     #[test]

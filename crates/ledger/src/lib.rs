@@ -17,7 +17,8 @@ pub mod usedby;
 pub mod waste;
 
 pub use ingest::{
-    decode_body, validate_body, validate_collected, BodyLimits, DecodeError, Rejection, Validated,
+    clip, decode_body, echo, validate_body, validate_collected, BodyLimits, DecodeError, Rejection,
+    Validated, MESSAGE_CHARS,
 };
 pub use merge::{merge_gpu, GpuRecord};
 pub use ownership::{Ownership, OwnershipRules};

@@ -5,7 +5,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gpuledger_ledger::GroupBy;
+use gpuledger_ledger::{echo, GroupBy};
 use gpuledger_model::{GpuView, SummaryGroup};
 
 use crate::csv::Csv;
@@ -113,7 +113,12 @@ pub async fn gpu(
     let now = state.now();
     let detail = match state.store.gpu_detail(&uuid, p.window(now), now).await {
         Ok(Some(d)) => d,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no GPU with uuid `{uuid}`")),
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no GPU with uuid `{}`", echo(&uuid)),
+            )
+        }
         Err(e) => return internal(e),
     };
     if p.csv {

@@ -1196,3 +1196,56 @@ async fn csv_formula_injection_is_neutralized_in_every_download() {
         model
     );
 }
+
+/// Issue 14: a 1 MB field name was echoed whole in the rejection and kept in the source's
+/// `last_error`, making the reply and the sources page megabytes.
+#[tokio::test]
+async fn ingest_a_huge_field_name_is_not_echoed_in_the_rejection_or_last_error() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("big", &[]).await;
+    let huge = "k".repeat(1 << 20);
+    let body = format!(
+        r#"{{"{huge}": [],
+            "gpus": [{{"uuid": "{A}", "model": "T4", "labels": {{"{huge}": "v"}}, "observed_at": "2026-12-02T10:30:00Z"}},
+                     {{"uuid": "{B}", "model": "T4", "{huge}": 1, "observed_at": "2026-12-02T10:30:00Z"}}],
+            "samples": [{{"gpu_uuid": "{A}", "ts": "2026-12-02T10:40:00Z", "util_pct": "{huge}"}}]}}"#
+    );
+    let (status, reply) = app.push(Some(&token), body.into_bytes(), false).await;
+    assert_eq!(status, 200, "{reply}");
+    let rejected = reply["rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 4, "{reply}");
+    for r in rejected {
+        let (path, reason) = (r["path"].as_str().unwrap(), r["reason"].as_str().unwrap());
+        assert!(path.chars().count() <= 200, "path of {} chars", path.len());
+        assert!(
+            reason.chars().count() <= 500,
+            "reason of {} chars",
+            reason.len()
+        );
+        assert!(!path.contains(&"k".repeat(101)) && !reason.contains(&"k".repeat(101)));
+        assert!(
+            path.contains('…') || reason.contains('…'),
+            "a cut echo says so: {path}: {reason}"
+        );
+    }
+    // What to fix is still said.
+    let text = reply["rejected"].to_string();
+    assert!(text.contains("unknown field"), "{text}");
+    assert!(text.contains("expected one of"), "{text}");
+    let sources = app.get_json("/api/v1/sources").await;
+    let last_error = sources["items"][0]["last_error"].as_str().unwrap();
+    assert!(
+        last_error.len() < 1000,
+        "last_error of {} bytes",
+        last_error.len()
+    );
+    let (status, page) = app.get("/sources").await;
+    assert_eq!(status, 200);
+    assert!(page.len() < 100_000, "sources page of {} bytes", page.len());
+    // Values from the URL are cut the same way in error answers.
+    let (status, reply) = app
+        .get(&format!("/api/v1/gpus/GPU-{}", "0".repeat(4000)))
+        .await;
+    assert_eq!(status, 404);
+    assert!(reply.len() < 400, "{} bytes", reply.len());
+}

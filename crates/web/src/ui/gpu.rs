@@ -4,6 +4,7 @@
 use askama::Template;
 use axum::extract::{Path, State};
 use axum::response::Response;
+use gpuledger_ledger::echo;
 
 use super::charts::{lines, timeline, Series};
 use super::{col, count, pct, respond, usd, Cell, Frame, Page, PageError, Table};
@@ -45,7 +46,7 @@ pub async fn gpu_page(
         .store
         .gpu_detail(&uuid, window, now)
         .await?
-        .ok_or_else(|| PageError::not_found(format!("no GPU with uuid `{uuid}`")))?;
+        .ok_or_else(|| PageError::not_found(format!("no GPU with uuid `{}`", echo(&uuid))))?;
     let g = &d.gpu;
     let fig = &d.figures;
     let attrs = attributes(&d);

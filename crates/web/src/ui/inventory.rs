@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use askama::Template;
 use axum::extract::State;
 use axum::response::Response;
+use gpuledger_ledger::echo;
 
 use super::{col, count, ncol, pct, respond, usd, Cell, Frame, Page, PageError, Table, Takes};
 use crate::AppState;
@@ -51,7 +52,8 @@ pub async fn inventory(
     let sort = p.extra.get("sort").map(String::as_str).unwrap_or("host");
     if !SORTS.iter().any(|(k, _)| *k == sort) {
         return Err(PageError::bad_request(format!(
-            "sort: must be one of cost, activity, host, team, model, state; got `{sort}`"
+            "sort: must be one of cost, activity, host, team, model, state; got `{}`",
+            echo(sort)
         )));
     }
     let page_no: usize = match p.extra.get("page").map(|v| v.parse::<usize>()) {

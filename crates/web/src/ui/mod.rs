@@ -29,6 +29,7 @@ pub use waste::{savings_api, waste};
 use askama::Template;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use gpuledger_ledger::echo;
 use gpuledger_model::{SourceStatus, SourceView};
 
 use crate::csv::Csv;
@@ -541,7 +542,8 @@ pub fn respond(page: &impl Template, tables: &[&Table], p: &Params) -> Result<Re
         return match tables.iter().find(|t| &t.id == id) {
             Some(t) => Ok(t.to_csv()),
             None => Err(PageError::bad_request(format!(
-                "csv: no table `{id}` on this page; tables: {}",
+                "csv: no table `{}` on this page; tables: {}",
+                echo(id),
                 tables
                     .iter()
                     .map(|t| t.id.as_str())

@@ -333,14 +333,21 @@ impl DcgmCollector {
         what: &str,
     ) -> Result<parse::Parsed, CollectError> {
         let body = get_bytes(self.authorized(req)?, what, MAX_ANSWER_BYTES).await?;
-        parse::parse_api(&body).map_err(|e| {
+        let parsed = parse::parse_api(&body).map_err(|e| {
+            if let Some(detail) = &e.detail {
+                tracing::warn!(request = %what, error_type = ?e.error_type, message = ?detail, "Prometheus answered an error");
+            }
             let msg = format!("{what}: {e}");
             match e.error_type.as_deref() {
                 Some("bad_data") => CollectError::Config(format!("{msg}; check `matchers`")),
                 Some("timeout" | "unavailable" | "canceled") => CollectError::Transient(msg),
                 _ => CollectError::Data(msg),
             }
-        })
+        })?;
+        for warning in &parsed.log {
+            tracing::warn!(request = %what, warning = ?warning, "Prometheus warned about the query");
+        }
+        Ok(parsed)
     }
 
     fn authorized(

@@ -76,10 +76,17 @@ pub struct Reading {
 }
 
 /// The series of one scrape or one API answer, and what could not be read.
+///
+/// Problems say which line or result and what kind of problem, never the answer's text: they
+/// are shown to every viewer as the source's last error, and a URL may answer anything (a
+/// password file, an error page). What Prometheus itself said goes to `log`, for the server's
+/// log only.
 #[derive(Debug, Default)]
 pub struct Parsed {
     pub series: Vec<Series>,
     pub problems: Vec<String>,
+    /// Prometheus's warnings, for the server's log.
+    pub log: Vec<String>,
 }
 
 /// Parse dcgm-exporter's `/metrics` text. Keeps only `DCGM_FI_*` series. Blank lines, `# HELP`
@@ -107,10 +114,7 @@ pub fn parse_text(text: &str) -> Parsed {
                     }
                 };
                 let Ok(v) = value.parse::<f64>() else {
-                    problems.push(format!(
-                        "line {n}: value `{}` is not a number; line skipped",
-                        clip(value)
-                    ));
+                    problems.push(format!("line {n}: the value is not a number; line skipped"));
                     continue;
                 };
                 let ts = match timestamp {
@@ -124,8 +128,7 @@ pub fn parse_text(text: &str) -> Parsed {
                         Some(ts) => Some(ts),
                         None => {
                             problems.push(format!(
-                                "line {n}: timestamp `{}` is not milliseconds since 1970 (up to year 9999); read as now",
-                                clip(t)
+                                "line {n}: the timestamp is not milliseconds since 1970 (up to year 9999); read as now"
                             ));
                             None
                         }
@@ -143,8 +146,7 @@ pub fn parse_text(text: &str) -> Parsed {
             }
             LineInfo::Ignored if !line.trim_start().starts_with('#') => {
                 problems.push(format!(
-                    "line {n}: `{}` is not a metric line; line skipped",
-                    clip(line)
+                    "line {n} is not Prometheus text (a metric line); line skipped"
                 ));
             }
             _ => {}
@@ -153,6 +155,7 @@ pub fn parse_text(text: &str) -> Parsed {
     Parsed {
         series,
         problems: problems.finish(),
+        log: Vec::new(),
     }
 }
 
@@ -163,7 +166,23 @@ pub struct ApiError {
     /// Prometheus's `errorType` (`bad_data`, `timeout`, ...) when it gave one.
     pub error_type: Option<String>,
     pub message: String,
+    /// Prometheus's own error message, for the server's log only (see [`Parsed`]).
+    pub detail: Option<String>,
 }
+
+/// The `errorType`s Prometheus's HTTP API documents; any other is not repeated.
+const ERROR_TYPES: &[&str] = &[
+    "bad_data",
+    "timeout",
+    "canceled",
+    "execution",
+    "unavailable",
+    "internal",
+    "not_found",
+    "not_acceptable",
+];
+
+const UNTERMINATED: &str = "a label value is not terminated";
 
 #[derive(Deserialize)]
 struct ApiAnswer {
@@ -198,6 +217,7 @@ struct ApiSeries {
 pub fn parse_api(body: &[u8]) -> Result<Parsed, ApiError> {
     let answer: ApiAnswer = serde_json::from_slice(body).map_err(|e| ApiError {
         error_type: None,
+        detail: None,
         message: format!(
             "the answer is not Prometheus API JSON ({e}); point `prometheus_url` at the Prometheus \
              server itself (the URL before /api/v1)"
@@ -206,22 +226,31 @@ pub fn parse_api(body: &[u8]) -> Result<Parsed, ApiError> {
     if answer.status != "success" {
         return Err(ApiError {
             message: format!(
-                "Prometheus answered {}: {}",
-                answer.error_type.as_deref().unwrap_or("an error"),
-                answer.error.as_deref().unwrap_or("(no message)")
+                "Prometheus answered {}; its message is in gpuledger's log",
+                match answer
+                    .error_type
+                    .as_deref()
+                    .filter(|t| ERROR_TYPES.contains(t))
+                {
+                    Some(t) => format!("error `{t}`"),
+                    None => "an error".into(),
+                }
             ),
+            detail: answer.error.map(|e| clip(&e)),
             error_type: answer.error_type,
         });
     }
     let Some(data) = answer.data else {
         return Err(ApiError {
             error_type: None,
+            detail: None,
             message: "Prometheus answered success without `data`".into(),
         });
     };
     if data.result_type != "vector" && data.result_type != "matrix" {
         return Err(ApiError {
             error_type: None,
+            detail: None,
             message: format!(
                 "Prometheus answered a `{}`; expected a vector or a matrix of series",
                 data.result_type
@@ -229,15 +258,20 @@ pub fn parse_api(body: &[u8]) -> Result<Parsed, ApiError> {
         });
     }
     let mut problems = Problems::default();
-    for w in &answer.warnings {
-        problems.push(format!("Prometheus warns: {}", clip(w)));
+    if !answer.warnings.is_empty() {
+        problems.push(format!(
+            "Prometheus warned about the query ({} warning(s), in gpuledger's log)",
+            answer.warnings.len()
+        ));
     }
     let mut series = Vec::with_capacity(data.result.len());
     for (i, item) in data.result.into_iter().enumerate() {
         let s: ApiSeries = match serde_json::from_value(item) {
             Ok(s) => s,
-            Err(e) => {
-                problems.push(format!("result[{i}]: {e}; series skipped"));
+            Err(_) => {
+                problems.push(format!(
+                    "result[{i}] is not a Prometheus series; series skipped"
+                ));
                 continue;
             }
         };
@@ -256,8 +290,7 @@ pub fn parse_api(body: &[u8]) -> Result<Parsed, ApiError> {
             };
             let Ok(value) = raw.parse::<f64>() else {
                 problems.push(format!(
-                    "result[{i}]: value `{}` is not a number; value skipped",
-                    clip(&raw)
+                    "result[{i}]: a value is not a number; value skipped"
                 ));
                 continue;
             };
@@ -276,6 +309,7 @@ pub fn parse_api(body: &[u8]) -> Result<Parsed, ApiError> {
     Ok(Parsed {
         series,
         problems: problems.finish(),
+        log: answer.warnings.iter().map(|w| clip(w)).collect(),
     })
 }
 
@@ -301,23 +335,20 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
             name.push(c);
         }
         if name.is_empty() {
-            return Err(format!(
-                "expected a label name at `{}`",
-                clip(&it.collect::<String>())
-            ));
+            return Err("a label has no name".into());
         }
         while it.next_if(|c| c.is_whitespace()).is_some() {}
         if it.next() != Some('=') {
-            return Err(format!("label `{}` has no `=`", clip(&name)));
+            return Err("a label has no `=`".into());
         }
         while it.next_if(|c| c.is_whitespace()).is_some() {}
         if it.next() != Some('"') {
-            return Err(format!("label `{}` has no quoted value", clip(&name)));
+            return Err("a label has no quoted value".into());
         }
         let mut value = String::new();
         loop {
             match it.next() {
-                None => return Err(format!("label `{}` has an unterminated value", clip(&name))),
+                None => return Err(UNTERMINATED.into()),
                 Some('"') => break,
                 Some('\\') => match it.next() {
                     Some('n') => value.push('\n'),
@@ -327,26 +358,19 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
                         value.push('\\');
                         value.push(c);
                     }
-                    None => {
-                        return Err(format!("label `{}` has an unterminated value", clip(&name)))
-                    }
+                    None => return Err(UNTERMINATED.into()),
                 },
                 Some(c) => value.push(c),
             }
         }
         if out.insert(name.clone(), value).is_some() {
-            return Err(format!("label `{}` appears twice", clip(&name)));
+            return Err("a label appears twice".into());
         }
         while it.next_if(|c| c.is_whitespace()).is_some() {}
         match it.next() {
             None => return Ok(out),
             Some(',') => {}
-            Some(c) => {
-                return Err(format!(
-                    "expected `,` after label `{}`, got `{c}`",
-                    clip(&name)
-                ))
-            }
+            Some(_) => return Err("labels are not separated by `,`".into()),
         }
     }
 }
@@ -1146,7 +1170,14 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
         );
         let p = parse_text(&text);
         assert_eq!(p.problems.len(), 2, "{:?}", p.problems);
-        assert!(p.problems[0].starts_with("line 4:"), "{:?}", p.problems);
+        assert!(p.problems[0].starts_with("line 4 "), "{:?}", p.problems);
+        assert!(
+            !p.problems
+                .iter()
+                .any(|p| p.contains("GPU-a") || p.contains("many")),
+            "the answer's text is never repeated: {:?}",
+            p.problems
+        );
         let m = map(&p.series, now());
         assert_eq!(
             m.gpus.len(),
@@ -1184,7 +1215,13 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
         let e = parse_api(br#"{"status":"error","errorType":"bad_data","error":"parse error"}"#)
             .unwrap_err();
         assert_eq!(e.error_type.as_deref(), Some("bad_data"));
-        assert!(e.message.contains("parse error"));
+        assert!(e.message.contains("error `bad_data`"), "{}", e.message);
+        assert!(
+            !e.message.contains("parse error"),
+            "only in the log: {}",
+            e.message
+        );
+        assert_eq!(e.detail.as_deref(), Some("parse error"));
         assert!(parse_api(b"<html>")
             .unwrap_err()
             .message
