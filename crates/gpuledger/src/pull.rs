@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use gpuledger_collect::{CollectError, Collector, Entry};
-use gpuledger_ledger::validate_collected;
+use gpuledger_ledger::TimeBounds;
 use gpuledger_model::{Observation, PushBody};
 use gpuledger_store::{IngestOutcome, Principal, Store};
 
@@ -86,7 +86,7 @@ pub async fn store_observations(
     let serde_json::Value::Object(map) = value else {
         anyhow::bail!("observations did not serialize to an object");
     };
-    let validated = validate_collected(map, now, store.settings().max_future_skew_secs);
+    let validated = TimeBounds::new(now, store.settings()).validate_collected(map);
     let outcome = store.ingest(principal, validated, now).await?;
     if !failed.is_empty() {
         anyhow::bail!(

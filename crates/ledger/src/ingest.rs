@@ -9,7 +9,7 @@ use std::io::Read;
 
 use chrono::{DateTime, Utc};
 use flate2::read::GzDecoder;
-use gpuledger_model::{PushAllocation, PushGpu, PushSample};
+use gpuledger_model::{PushAllocation, PushGpu, PushSample, DAY_SECS};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -211,43 +211,101 @@ pub struct Validated {
 const MAX_TEXT: usize = 256;
 const MAX_LABELS: usize = 64;
 
-/// Check every record of a decoded body against the contract. `now` bounds future timestamps.
+/// The oldest and newest times a pushed or collected record may carry, from the server's
+/// settings at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeBounds {
+    /// Newest of any timestamp: now plus the clock-skew allowance.
+    pub latest: DateTime<Utc>,
+    /// Oldest GPU `observed_at` (and sample `ts`, which the store checks): the start of the
+    /// first hour whose raw samples are all within the raw retention, so that late data never
+    /// touches an hour whose samples were pruned.
+    pub earliest_observation: DateTime<Utc>,
+    pub raw_retention_days: i64,
+    /// Oldest allocation `start`: the rollup retention, since allocated hours are kept with
+    /// the rollups (a pod may well run for longer than the raw retention).
+    pub earliest_allocation: DateTime<Utc>,
+    pub rollup_retention_days: i64,
+}
+
+impl TimeBounds {
+    pub fn new(now: DateTime<Utc>, settings: &crate::Settings) -> TimeBounds {
+        let at = |secs: i64| DateTime::from_timestamp(secs, 0).unwrap_or(DateTime::UNIX_EPOCH);
+        let now_secs = now.timestamp();
+        TimeBounds {
+            latest: now + chrono::Duration::seconds(settings.max_future_skew_secs),
+            earliest_observation: at(raw_cutoff(now_secs, settings.raw_retention_days)),
+            raw_retention_days: settings.raw_retention_days,
+            earliest_allocation: at(now_secs - settings.rollup_retention_days * DAY_SECS),
+            rollup_retention_days: settings.rollup_retention_days,
+        }
+    }
+
+    /// Check every record of a decoded push body against the contract.
+    pub fn validate_body(&self, body: serde_json::Map<String, Value>) -> Validated {
+        validate(body, self, false)
+    }
+
+    /// [`TimeBounds::validate_body`] for what a pull collector inside the server reported: an
+    /// allocation may also name a host's GPU pool by placeholder UUID
+    /// (`placeholder:<host>:<slot>`), which the store moves to a real GPU of that host once
+    /// one is known. Pushes may not.
+    pub fn validate_collected(&self, body: serde_json::Map<String, Value>) -> Validated {
+        validate(body, self, true)
+    }
+}
+
+/// The earliest sample time still accepted at `now_secs`: the start of the first hour whose
+/// raw samples are all within retention (so a late sample never re-rolls a half-pruned hour).
+pub fn raw_cutoff(now_secs: i64, raw_retention_days: i64) -> i64 {
+    gpuledger_model::hour_floor(now_secs - raw_retention_days * DAY_SECS)
+        + gpuledger_model::HOUR_SECS
+}
+
+/// [`TimeBounds::validate_body`] with the default retention: for tests and fuzzing. The
+/// server uses its configured settings.
 pub fn validate_body(
     body: serde_json::Map<String, Value>,
     now: DateTime<Utc>,
     max_future_skew_secs: i64,
 ) -> Validated {
-    validate(body, now, max_future_skew_secs, false)
+    default_bounds(now, max_future_skew_secs).validate_body(body)
 }
 
-/// [`validate_body`] for what a pull collector inside the server reported: an allocation may
-/// also name a host's GPU pool by placeholder UUID (`placeholder:<host>:<slot>`), which the
-/// store moves to a real GPU of that host once one is known. Pushes may not.
+/// [`TimeBounds::validate_collected`] with the default retention: for tests.
 pub fn validate_collected(
     body: serde_json::Map<String, Value>,
     now: DateTime<Utc>,
     max_future_skew_secs: i64,
 ) -> Validated {
-    validate(body, now, max_future_skew_secs, true)
+    default_bounds(now, max_future_skew_secs).validate_collected(body)
+}
+
+fn default_bounds(now: DateTime<Utc>, max_future_skew_secs: i64) -> TimeBounds {
+    TimeBounds::new(
+        now,
+        &crate::Settings {
+            max_future_skew_secs,
+            ..Default::default()
+        },
+    )
 }
 
 fn validate(
     body: serde_json::Map<String, Value>,
-    now: DateTime<Utc>,
-    max_future_skew_secs: i64,
+    bounds: &TimeBounds,
     pool_allocations: bool,
 ) -> Validated {
     let mut out = Validated::default();
-    let latest = now + chrono::Duration::seconds(max_future_skew_secs);
     for (key, value) in body {
         match key.as_str() {
             "gpus" => each(&key, value, &mut out.rejections, |path, gpu: PushGpu| {
-                check_gpu(path, &gpu, latest).map(|()| gpu)
+                check_gpu(path, &gpu, bounds).map(|()| gpu)
             })
             .into_iter()
             .for_each(|r| out.gpus.push(r)),
             "samples" => each(&key, value, &mut out.rejections, |path, s: PushSample| {
-                check_sample(path, &s, latest).map(|()| s)
+                check_sample(path, &s, bounds.latest).map(|()| s)
             })
             .into_iter()
             .for_each(|r| out.samples.push(r)),
@@ -256,7 +314,7 @@ fn validate(
                 value,
                 &mut out.rejections,
                 |path, a: PushAllocation| {
-                    check_allocation(path, &a, latest, pool_allocations).map(|()| a)
+                    check_allocation(path, &a, bounds, pool_allocations).map(|()| a)
                 },
             )
             .into_iter()
@@ -402,6 +460,30 @@ fn not_future(
     Ok(())
 }
 
+/// `ts` at or after `earliest`; `why` names the retention and what to do, as
+/// "is older than <why>: must be at or after <earliest>, got <ts>; <what to do>".
+fn not_older(
+    path: &str,
+    field: &str,
+    ts: DateTime<Utc>,
+    earliest: DateTime<Utc>,
+    why: impl FnOnce() -> (String, &'static str),
+) -> Result<(), Rejection> {
+    if ts < earliest {
+        let (retention, todo) = why();
+        let secs = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        return Err(Rejection::new(
+            format!("{path}.{field}"),
+            format!(
+                "is older than {retention}: must be at or after {}, got {}; {todo}",
+                secs(earliest),
+                secs(ts)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn range(
     path: &str,
     field: &str,
@@ -421,7 +503,7 @@ fn range(
     Ok(())
 }
 
-fn check_gpu(path: &str, g: &PushGpu, latest: DateTime<Utc>) -> Result<(), Rejection> {
+fn check_gpu(path: &str, g: &PushGpu, bounds: &TimeBounds) -> Result<(), Rejection> {
     if let Some(p) = uuid_problem(&g.uuid) {
         return Err(Rejection::new(format!("{path}.uuid"), p));
     }
@@ -480,7 +562,22 @@ fn check_gpu(path: &str, g: &PushGpu, latest: DateTime<Utc>) -> Result<(), Rejec
         }
     }
     labels(&format!("{path}.labels"), &g.labels)?;
-    not_future(path, "observed_at", g.observed_at, latest)
+    not_future(path, "observed_at", g.observed_at, bounds.latest)?;
+    not_older(
+        path,
+        "observed_at",
+        g.observed_at,
+        bounds.earliest_observation,
+        || {
+            (
+                format!(
+                    "the raw-sample retention ({} days), the floor samples have too",
+                    bounds.raw_retention_days
+                ),
+                "send the GPU as observed now",
+            )
+        },
+    )
 }
 
 /// A map of labels: at most [`MAX_LABELS`] entries, keys and values of bounded size.
@@ -531,9 +628,10 @@ fn check_sample(path: &str, s: &PushSample, latest: DateTime<Utc>) -> Result<(),
 fn check_allocation(
     path: &str,
     a: &PushAllocation,
-    latest: DateTime<Utc>,
+    bounds: &TimeBounds,
     pool_allocations: bool,
 ) -> Result<(), Rejection> {
+    let latest = bounds.latest;
     let pool = pool_allocations && gpuledger_model::is_placeholder(&a.gpu_uuid);
     if let Some(p) = uuid_problem(&a.gpu_uuid).filter(|_| !pool) {
         return Err(Rejection::new(format!("{path}.gpu_uuid"), p));
@@ -551,6 +649,15 @@ fn check_allocation(
         labels(&format!("{cpath}.{field}"), map)?;
     }
     not_future(path, "start", a.start, latest)?;
+    not_older(path, "start", a.start, bounds.earliest_allocation, || {
+        (
+            format!(
+                "the rollup retention ({} days), which keeps no hours that old",
+                bounds.rollup_retention_days
+            ),
+            "give a `start` within it",
+        )
+    })?;
     if let Some(end) = a.end {
         if end < a.start {
             return Err(Rejection::new(
@@ -684,6 +791,38 @@ mod tests {
             .rejections
             .iter()
             .any(|r| r.reason.contains("expected one of")));
+    }
+
+    #[test]
+    fn observations_and_allocations_from_1970_are_refused_with_the_retention() {
+        let v = validate(
+            r#"{"gpus":[{"uuid":"GPU-a","model":"T4","observed_at":"1970-01-01T00:00:00Z"},
+                        {"uuid":"GPU-b","model":"T4","observed_at":"2026-11-18T13:00:00Z"}],
+                "allocations":[{"gpu_uuid":"GPU-a","start":"1970-01-01T00:00:00Z","workload":"w","kind":"pod"},
+                               {"gpu_uuid":"GPU-a","start":"2026-10-01T00:00:00Z","workload":"w","kind":"pod"}]}"#,
+        );
+        let text: Vec<String> = v.rejections.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            text,
+            [
+                "allocations[0].start: is older than the rollup retention (730 days), which keeps \
+                 no hours that old: must be at or after 2024-12-02T12:00:00Z, got \
+                 1970-01-01T00:00:00Z; give a `start` within it",
+                "gpus[0].observed_at: is older than the raw-sample retention (14 days), the floor \
+                 samples have too: must be at or after 2026-11-18T13:00:00Z, got \
+                 1970-01-01T00:00:00Z; send the GPU as observed now"
+            ]
+        );
+        assert_eq!(
+            (v.gpus.len(), v.allocations.len()),
+            (1, 1),
+            "the floor itself is kept"
+        );
+        let b = TimeBounds::new(now(), &crate::Settings::default());
+        assert_eq!(
+            b.earliest_observation.timestamp(),
+            raw_cutoff(now().timestamp(), 14)
+        );
     }
 
     #[test]

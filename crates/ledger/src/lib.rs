@@ -17,8 +17,8 @@ pub mod usedby;
 pub mod waste;
 
 pub use ingest::{
-    clip, decode_body, echo, validate_body, validate_collected, BodyLimits, DecodeError, Rejection,
-    Validated, MESSAGE_CHARS,
+    clip, decode_body, echo, raw_cutoff, validate_body, validate_collected, BodyLimits,
+    DecodeError, Rejection, TimeBounds, Validated, MESSAGE_CHARS,
 };
 pub use merge::{merge_gpu, GpuRecord};
 pub use ownership::{Ownership, OwnershipRules};

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gpuledger_ledger::{decode_body, validate_body, DecodeError};
+use gpuledger_ledger::{decode_body, DecodeError, TimeBounds};
 use gpuledger_store::Role;
 use serde_json::{json, Value};
 
@@ -75,7 +75,7 @@ pub async fn ingest_bytes(
         }
     };
     let now = state.now();
-    let validated = validate_body(body, now, state.store.settings().max_future_skew_secs);
+    let validated = TimeBounds::new(now, state.store.settings()).validate_body(body);
     let kind = match user_agent {
         Some(ua) if ua.starts_with("gpuledger-agent") => "agent",
         Some(ua) if ua.starts_with("gpuledger-demo") => "demo",

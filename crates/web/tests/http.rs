@@ -1249,3 +1249,72 @@ async fn ingest_a_huge_field_name_is_not_echoed_in_the_rejection_or_last_error()
     assert_eq!(status, 404);
     assert!(reply.len() < 400, "{} bytes", reply.len());
 }
+
+/// Issue 14: a GPU `observed_at` or an allocation `start` decades in the past was accepted and
+/// wrote hour rows for 1970. A GPU observation older than the raw retention (the samples' floor)
+/// and an allocation starting before the rollup retention are refused with the reason; a pod
+/// running for longer than the raw retention is not.
+#[tokio::test]
+async fn ingest_timestamps_of_1970_are_refused_with_the_retention_named() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("old", &[]).await;
+    let body = json!({
+        "gpus": [
+            {"uuid": A, "model": "T4", "observed_at": "1970-01-01T00:00:00Z"},
+            {"uuid": B, "model": "T4", "observed_at": "2026-11-10T00:00:00Z"},
+            {"uuid": "GPU-cccccccc-0000-0000-0000-000000000003", "model": "T4", "observed_at": "2026-12-02T11:00:00Z"}
+        ],
+        "allocations": [
+            {"gpu_uuid": "GPU-cccccccc-0000-0000-0000-000000000003", "start": "1970-01-01T00:00:00Z", "workload": "ns/ancient", "kind": "pod"},
+            {"gpu_uuid": "GPU-cccccccc-0000-0000-0000-000000000003", "start": "2026-10-01T00:00:00Z", "workload": "ns/serving", "kind": "pod"}
+        ]
+    });
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    let rejected: Vec<(String, String)> = reply["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["path"].as_str().unwrap().into(),
+                r["reason"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let paths: Vec<&str> = rejected.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "allocations[0].start",
+            "gpus[0].observed_at",
+            "gpus[1].observed_at"
+        ],
+        "{reply}"
+    );
+    assert!(
+        rejected[0].1.contains("rollup retention (730 days)"),
+        "{reply}"
+    );
+    assert!(
+        rejected[1].1.contains("raw-sample retention (14 days)"),
+        "{reply}"
+    );
+    assert_eq!(reply["accepted"]["gpus"], 1, "{reply}");
+    assert_eq!(
+        reply["accepted"]["allocations"], 1,
+        "a pod running for two months is kept"
+    );
+    // No hour of 1970 anywhere.
+    assert_eq!(app.get(&format!("/api/v1/gpus/{A}")).await.0, 404);
+    let detail = app
+        .get_json(
+            "/api/v1/gpus/GPU-cccccccc-0000-0000-0000-000000000003?from=1970-01-01&to=2026-12-03",
+        )
+        .await;
+    let first = detail["hours"][0]["hour"]
+        .as_str()
+        .unwrap_or("none")
+        .to_string();
+    assert!(first.starts_with("2026-"), "first hour {first}");
+}
