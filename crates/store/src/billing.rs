@@ -286,8 +286,8 @@ impl Store {
                  FROM billed_gpu_periods bp JOIN gpus g ON g.id = bp.gpu_id \
                  JOIN gpu_hours h ON h.gpu_id = bp.gpu_id AND h.hour >= bp.period_start \
                  AND h.hour < bp.period_end AND h.hour < $2 \
-                 JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
-                 AND o.to_ts > h.hour \
+                 JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour \
+                 AND o.to_ts > +h.hour \
                  WHERE bp.file_id = $1 AND bp.hours > 0 \
                  GROUP BY g.uuid, g.host, o.team, g.usd_per_hour, bp.period_start \
                  UNION ALL \

@@ -20,8 +20,9 @@ pub struct Heatmap {
 }
 
 /// ` JOIN gpu_owners o ...`: the owner period of GPU `gpu` at time `at` (SQL expressions).
+/// `+{at}`: the owner period never bounds the scan of the hours (see `query::window_rows`).
 fn owner_join(gpu: &str, at: &str) -> String {
-    format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= {at} AND o.to_ts > {at}")
+    format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= +{at} AND o.to_ts > +{at}")
 }
 
 fn idle_share(r: &sqlx::any::AnyRow) -> Result<IdleShare> {

@@ -556,6 +556,10 @@ pub(crate) const SPLIT_DAYS: &str = "split AS (\
 pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
     let (lo, hi) = window.hours(now.timestamp());
     let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
+    // The hours are read first, by the window's range (or a split day's), then their owner
+    // period: CROSS JOIN fixes that order on SQLite (PostgreSQL plans it freely), and
+    // `+h.hour` keeps the period from bounding the hours instead (SQLite would then read
+    // every hour of the period and filter).
     let hours = |from: &str, range: &str| {
         format!(
             "SELECT h.gpu_id, o.from_ts AS o_from, (h.hour / 86400) * 86400, 1, \
@@ -564,16 +568,16 @@ pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], Stri
              CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
              CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
              CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
-             FROM {from} JOIN gpu_owners o ON o.gpu_id = h.gpu_id AND o.from_ts <= h.hour \
-             AND o.to_ts > h.hour WHERE {range}"
+             FROM {from} CROSS JOIN gpu_owners o WHERE {range} AND o.gpu_id = h.gpu_id \
+             AND o.from_ts <= +h.hour AND o.to_ts > +h.hour"
         )
     };
     let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
     let edge2 = hours("gpu_hours h", "h.hour >= $5 AND h.hour < $6");
     let split_hours = hours(
-        "split s JOIN gpu_hours h ON h.gpu_id = s.gpu_id AND h.hour >= s.day \
+        "split s CROSS JOIN gpu_hours h",
+        "s.day >= $1 AND s.day < $2 AND h.gpu_id = s.gpu_id AND h.hour >= s.day \
          AND h.hour < s.day + 86400",
-        "s.day >= $1 AND s.day < $2",
     );
     let union = format!(
         "SELECT d.gpu_id, o.from_ts AS o_from, d.day AS t, d.present_hours AS present, \
@@ -599,6 +603,8 @@ pub(crate) const HELD: &str = HELD_SQL;
 /// of those hours and how many there are, for allocated-but-idle hours per workload.
 pub(crate) const HELD_IDLE: &str = HELD_IDLE_SQL;
 
+// `+h.hour` in the hour joins below: the window (`$1`, `$2`) bounds the scan of a GPU's
+// hours, not the allocation's own span, which may be months long.
 macro_rules! held_sql {
     ($gpus:literal, $hours:literal) => {
         concat!(
@@ -612,8 +618,8 @@ macro_rules! held_sql {
             "), \
              x AS (\
                SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
-               FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
-               AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
+               FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
+               AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
             $hours,
             " GROUP BY h.gpu_id, h.hour, a.workload), \
              n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"

@@ -43,8 +43,8 @@ macro_rules! holders_of_ids {
            AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
          x AS (\
            SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
-           FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND h.hour > a.start_ts - 3600 \
-           AND h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
+           FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
+           AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
            GROUP BY h.gpu_id, h.hour, a.workload), \
          n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"
     };
