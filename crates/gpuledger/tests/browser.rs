@@ -285,6 +285,47 @@ async fn browser_filters_and_drill_down_match_the_api() {
         assert!(src.contains("Demo data"), "{name} must say it is demo data");
         shot(name).await;
     }
+    // The content security policy allows no inline script or style: the stylesheet and the
+    // sorting script are files, and both take effect (charts, filters and sorting work).
+    c.goto(&format!("{base}/inventory")).await.unwrap();
+    c.wait()
+        .for_element(Locator::Css("table.sortable th"))
+        .await
+        .unwrap();
+    let styled = c
+        .execute(
+            "return [getComputedStyle(document.querySelector('header')).display, \
+                     getComputedStyle(document.querySelector('table.sortable th')).cursor, \
+                     document.querySelectorAll('svg.chart').length]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(styled[0], "flex", "the stylesheet applies: {styled}");
+    assert_eq!(styled[1], "pointer", "{styled}");
+    c.find(Locator::Css("table.sortable th"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let sorted = c
+        .execute(
+            "return document.querySelector('table.sortable th').dataset.dir || ''",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(sorted, "asc", "the sorting script runs");
+    c.goto(&format!("{base}/")).await.unwrap();
+    let charts = c
+        .execute(
+            "return document.querySelectorAll('svg.chart').length",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(charts.as_u64().unwrap_or(0) > 0, "charts render: {charts}");
     c.close().await.unwrap();
     println!(
         "screenshots: {}",

@@ -1318,3 +1318,98 @@ async fn ingest_timestamps_of_1970_are_refused_with_the_retention_named() {
         .to_string();
     assert!(first.starts_with("2026-"), "first hour {first}");
 }
+
+/// Issue 14: pages and API answers carried no security headers. Every answer now has a content
+/// security policy without inline script or style, `nosniff`, frame denial and no referrer, and
+/// the pages hold no inline script or style for the policy to block.
+#[tokio::test]
+async fn security_headers_on_every_page_and_api_response() {
+    let app = app(WebConfig::default()).await;
+    page_fleet(&app).await;
+    let mut paths = vec![
+        "/".to_string(),
+        "/inventory".into(),
+        format!("/gpus/{A}"),
+        "/teams".into(),
+        "/teams/nlp".into(),
+        "/usage".into(),
+        "/waste".into(),
+        "/sources".into(),
+        "/inventory?csv=inventory".into(),
+        "/api/v1/gpus".into(),
+        "/api/v1/summary?format=csv".into(),
+        "/api/v1/openapi.json".into(),
+        "/healthz".into(),
+        "/readyz".into(),
+        "/no-such-page".into(),
+        "/inventory?sort=nope".into(),
+    ];
+    let (_, html) = app.get("/").await;
+    let assets: Vec<String> = html
+        .split(['"', '\''])
+        .filter(|s| s.starts_with("/static/"))
+        .map(String::from)
+        .collect();
+    assert!(
+        assets.len() >= 2,
+        "the stylesheet and the script are files: {assets:?}"
+    );
+    paths.extend(assets);
+    for path in &paths {
+        let resp = app
+            .client
+            .get(format!("{}{path}", app.base))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let h = resp.headers().clone();
+        let body = resp.text().await.unwrap();
+        let get = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_else(|| panic!("{path} ({status}): no {name}"))
+                .to_string()
+        };
+        let csp = get("content-security-policy");
+        for part in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "frame-ancestors 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+        ] {
+            assert!(csp.contains(part), "{path}: {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{path}: {csp}");
+        assert_eq!(get("x-content-type-options"), "nosniff", "{path}");
+        assert_eq!(get("x-frame-options"), "DENY", "{path}");
+        assert_eq!(get("referrer-policy"), "no-referrer", "{path}");
+        if get("content-type").starts_with("text/html") {
+            // Nothing inline for the policy to block.
+            assert!(!body.contains("<style"), "{path}: inline <style>");
+            assert!(!body.contains(" style="), "{path}: a style attribute");
+            for tag in body.split("<script").skip(1) {
+                assert!(
+                    tag.trim_start().starts_with("src="),
+                    "{path}: inline script"
+                );
+            }
+            for handler in [" onclick=", " onchange=", " onload=", " onsubmit="] {
+                assert!(!body.contains(handler), "{path}: an inline event handler");
+            }
+        }
+    }
+    let (status, _) = app.push(None, b"{}".to_vec(), false).await;
+    assert_eq!(status, 401);
+    let resp = app
+        .client
+        .post(format!("{}/api/v1/ingest", app.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert_eq!(resp.headers()["x-frame-options"], "DENY");
+}
