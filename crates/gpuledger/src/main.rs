@@ -156,13 +156,33 @@ struct CollectArgs {
     dry_run: bool,
 }
 
+/// Logs to stderr: `GPULEDGER_LOG` filters (default `info`); colours only on a terminal;
+/// `GPULEDGER_LOG_FORMAT=json` writes one JSON object per line for log collectors.
 fn init_tracing() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    if std::env::var("GPULEDGER_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and error messages (a SQLite path is
+/// returned as it is).
+fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
 }
 
 fn load_config(path: Option<&PathBuf>) -> anyhow::Result<config::Config> {
@@ -221,7 +241,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let collectors = pull::build_all(&cfg.collectors)?;
     let store = Store::open(&url, cfg.settings.clone())
         .await
-        .with_context(|| format!("opening database {url}"))?;
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
     spawn_maintenance(store.clone());
     for (collector, interval) in collectors {
         tracing::info!(source = %collector.name(), kind = %collector.kind(), interval_secs = interval.as_secs(), "collector started");
@@ -230,7 +250,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
-    tracing::info!(listen = %listen, database = %url, "gpuledger serving");
+    tracing::info!(listen = %listen, database = %redacted(&url), "gpuledger serving");
     println!("gpuledger serving on http://{}", listener.local_addr()?);
     gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
     Ok(())
@@ -246,7 +266,7 @@ async fn token_create(
     let url = database_url(db.database_url, &cfg);
     let store = Store::open_for_tool(&url, cfg.settings)
         .await
-        .with_context(|| format!("opening database {url}"))?;
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
     let role = if viewer { Role::Viewer } else { Role::Ingest };
     let token = store.create_token(role, &source, &teams).await?;
     let scope = if viewer {
@@ -400,7 +420,7 @@ async fn reattribute(from: chrono::DateTime<chrono::Utc>, db: DbArgs) -> anyhow:
     let url = database_url(db.database_url, &cfg);
     let store = Store::open(&url, cfg.settings)
         .await
-        .with_context(|| format!("opening database {url}"))?;
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
     let changed = store.reattribute(from).await?;
     store.close().await;
     println!(
@@ -415,7 +435,7 @@ async fn import_billing(file: PathBuf, force: bool, db: DbArgs) -> anyhow::Resul
     let url = database_url(db.database_url, &cfg);
     let store = Store::open_for_tool(&url, cfg.settings)
         .await
-        .with_context(|| format!("opening database {url}"))?;
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
     let name = file.display().to_string();
     let done = pull::import_export(&store, &name, chrono::Utc::now(), force)
         .await
@@ -539,5 +559,28 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_database_password_never_reaches_the_logs() {
+        assert_eq!(
+            super::redacted("postgres://gl:s3cret@db.internal:5432/gpuledger?sslmode=require"),
+            "postgres://gl:***@db.internal:5432/gpuledger?sslmode=require"
+        );
+        assert_eq!(
+            super::redacted("postgres://gl@db:5432/gpuledger"),
+            "postgres://gl@db:5432/gpuledger"
+        );
+        assert_eq!(
+            super::redacted("/var/lib/gpuledger/gpuledger.db"),
+            "/var/lib/gpuledger/gpuledger.db"
+        );
+        assert_eq!(
+            super::redacted("sqlite://gpuledger.db"),
+            "sqlite://gpuledger.db"
+        );
     }
 }

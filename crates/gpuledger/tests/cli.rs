@@ -962,3 +962,51 @@ fn config_check_names_every_bad_collector_entry_as_serve_does() {
         "{err}"
     );
 }
+
+/// Logs for collectors: `GPULEDGER_LOG_FORMAT=json` gives one JSON object per line, without
+/// colour codes, and a database password never appears in a log line or an error.
+#[test]
+fn serve_logs_json_without_colours_or_passwords() {
+    let dir = tempdir("logs");
+    let mut child = bin()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "gl.db",
+        ])
+        .env("GPULEDGER_LOG_FORMAT", "json")
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _server = Server(child);
+    assert!(!line.contains('\u{1b}'), "colour codes in {line:?}");
+    let log: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert_eq!(log["fields"]["message"], "gpuledger serving", "{log}");
+    assert_eq!(log["level"], "INFO", "{log}");
+
+    let out = bin()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args([
+            "--database-url",
+            "postgres://gl:s3cret@127.0.0.1:1/gpuledger?sslmode=bogus",
+        ])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("opening database postgres://gl:***@127.0.0.1:1/gpuledger?sslmode=bogus"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+}
