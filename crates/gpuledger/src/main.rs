@@ -5,12 +5,13 @@ mod bench;
 mod config;
 mod demo;
 mod pull;
+mod tokens;
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gpuledger_store::{Role, Store};
+use gpuledger_store::Store;
 use gpuledger_web::AppState;
 
 #[derive(Parser)]
@@ -33,7 +34,7 @@ enum Command {
     /// Manage tokens.
     Token {
         #[command(subcommand)]
-        command: TokenCommand,
+        command: tokens::TokenCommand,
     },
     /// Run the hub on a simulated fleet (30 days of history, live samples every minute).
     Demo(DemoArgs),
@@ -84,24 +85,6 @@ struct ServeArgs {
     listen: Option<String>,
     #[command(flatten)]
     db: DbArgs,
-}
-
-#[derive(Subcommand)]
-enum TokenCommand {
-    /// Mint a token; it is printed once, as the last line, and stored only as a hash.
-    Create {
-        /// The source the token writes for (its name on the sources page).
-        #[arg(long)]
-        source: String,
-        /// Restrict writes to GPUs of this team (repeat for more).
-        #[arg(long = "team")]
-        teams: Vec<String>,
-        /// A read-only token, for installs that require tokens to read.
-        #[arg(long)]
-        viewer: bool,
-        #[command(flatten)]
-        db: DbArgs,
-    },
 }
 
 #[derive(Subcommand)]
@@ -253,31 +236,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %listen, database = %redacted(&url), "gpuledger serving");
     println!("gpuledger serving on http://{}", listener.local_addr()?);
     gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
-    Ok(())
-}
-
-async fn token_create(
-    source: String,
-    teams: Vec<String>,
-    viewer: bool,
-    db: DbArgs,
-) -> anyhow::Result<()> {
-    let cfg = load_config(db.config.as_ref())?;
-    let url = database_url(db.database_url, &cfg);
-    let store = Store::open_for_tool(&url, cfg.settings)
-        .await
-        .with_context(|| format!("opening database {}", redacted(&url)))?;
-    let role = if viewer { Role::Viewer } else { Role::Ingest };
-    let token = store.create_token(role, &source, &teams).await?;
-    let scope = if viewer {
-        "read-only".to_string()
-    } else if teams.is_empty() {
-        format!("writes for source `{source}`, any team")
-    } else {
-        format!("writes for source `{source}`, teams: {}", teams.join(", "))
-    };
-    println!("token created ({scope}); it is shown only now:");
-    println!("{token}");
     Ok(())
 }
 
@@ -533,15 +491,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(a) => serve(a).await,
-            Command::Token {
-                command:
-                    TokenCommand::Create {
-                        source,
-                        teams,
-                        viewer,
-                        db,
-                    },
-            } => token_create(source, teams, viewer, db).await,
+            Command::Token { command } => tokens::run(command).await,
             Command::Demo(a) => run_demo(a).await,
             Command::Bench(a) => bench::run(a).await,
             Command::Collect(a) => collect(a).await,

@@ -1010,3 +1010,97 @@ fn serve_logs_json_without_colours_or_passwords() {
     );
     assert!(!err.contains("s3cret"), "{err}");
 }
+
+/// `token list | rotate | revoke` as an operator runs them: the list shows a token's last use
+/// (and a token that never pushed), a rotated token stops working at once and its replacement
+/// works, a revoked one gets 401 on its next request.
+#[tokio::test]
+async fn token_lifecycle_create_use_rotate_revoke() {
+    let dir = tempdir("token-life");
+    let tok = token(&dir, &["--source", "cron", "--team", "nlp"]);
+    let idle = token(&dir, &["--source", "never-pushed", "--expires-in", "90d"]);
+    assert!(idle.starts_with("glt_"));
+    let (_server, base) = serve(&dir, &[]);
+    let client = reqwest::Client::new();
+    let push = |tok: String| {
+        let client = client.clone();
+        let base = base.clone();
+        async move {
+            let now = chrono::Utc::now();
+            let body = serde_json::json!({
+                "gpus": [{"uuid": "GPU-11111111-2222-3333-4444-555555555555", "model": "NVIDIA L4",
+                          "host": "h1", "labels": {"team": "nlp"}, "observed_at": now}]});
+            client
+                .post(format!("{base}/api/v1/ingest"))
+                .bearer_auth(&tok)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(push(tok.clone()).await, 200);
+    let cli = |args: &[&str]| {
+        let out = bin()
+            .arg("token")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listed: Vec<serde_json::Value> = cli(&["list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["source"], "cron");
+    assert_eq!(listed[0]["teams"], serde_json::json!(["nlp"]));
+    assert_eq!(listed[0]["state"], "active");
+    assert!(listed[0]["last_used_at"].is_i64(), "{}", listed[0]);
+    assert!(
+        listed[1]["last_used_at"].is_null(),
+        "never pushed: {}",
+        listed[1]
+    );
+    assert!(listed[1]["expires_at"].is_i64());
+    let table = cli(&["list"]);
+    assert!(
+        table.contains("never-pushed") && table.contains("never"),
+        "{table}"
+    );
+
+    let id = listed[0]["id"].to_string();
+    let rotated = cli(&["rotate", &id]);
+    assert!(
+        rotated.contains(&format!("token {id} revoked")),
+        "{rotated}"
+    );
+    let new = rotated.lines().last().unwrap().trim().to_string();
+    assert_eq!(push(tok.clone()).await, 401, "the rotated-out token");
+    assert_eq!(push(new.clone()).await, 200, "its replacement");
+
+    let new_id = cli(&["list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|t| t["state"] == "active" && t["source"] == "cron")
+        .unwrap()["id"]
+        .to_string();
+    let revoked = cli(&["revoke", &new_id]);
+    assert!(revoked.contains("its next request gets 401"), "{revoked}");
+    assert_eq!(push(new).await, 401);
+    let out = bin()
+        .args(["token", "revoke", "4242"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no token with id 4242"));
+}

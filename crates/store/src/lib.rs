@@ -30,7 +30,7 @@ pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
 pub use query::{Filters, Window};
-pub use tokens::{Role, TokenInfo};
+pub use tokens::{Role, TokenInfo, TokenRow};
 
 /// Errors from the store; each says what to check.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +119,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "hour_layout",
         include_str!("../migrations/sqlite/0007_hour_layout.sql"),
     ),
+    (
+        8,
+        "token_lifecycle",
+        include_str!("../migrations/sqlite/0008_token_lifecycle.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -155,6 +160,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "hour_layout",
         include_str!("../migrations/postgres/0007_hour_layout.sql"),
+    ),
+    (
+        8,
+        "token_lifecycle",
+        include_str!("../migrations/postgres/0008_token_lifecycle.sql"),
     ),
 ];
 

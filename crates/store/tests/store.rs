@@ -2432,3 +2432,70 @@ async fn scoped_token_cannot_take_a_gpu_through_a_mig_instance(
 }
 
 both_reopening!(scoped_token_cannot_take_a_gpu_through_a_mig_instance);
+
+/// A token's life: minted (optionally expiring), listed with its last use, rotated (the new
+/// one keeps role, source and teams; the old one stops working) and revoked.
+async fn tokens_are_listed_rotated_revoked_and_expire(store: Store) {
+    use gpuledger_store::Role;
+    let now = chrono::Utc::now().timestamp();
+    let push = store
+        .create_token(Role::Ingest, "nlp-cron", &["nlp".into()])
+        .await
+        .unwrap();
+    let expired = store
+        .create_token_expiring(Role::Viewer, "old-viewer", &[], Some(now - 1))
+        .await
+        .unwrap();
+    let listed = store.list_tokens().await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        (
+            listed[0].role,
+            listed[0].source.as_str(),
+            listed[0].teams.clone()
+        ),
+        ("ingest", "nlp-cron", vec!["nlp".to_string()])
+    );
+    assert_eq!(listed[0].last_used_at, None, "never used yet");
+    assert_eq!(listed[1].state(now), "expired");
+    assert!(store.verify_token(&expired).await.unwrap().is_none());
+
+    let info = store.verify_token(&push).await.unwrap().unwrap();
+    assert_eq!(info.teams, Some(vec!["nlp".to_string()]));
+    let used = store.list_tokens().await.unwrap()[0].last_used_at.unwrap();
+    assert!((now..now + 60).contains(&used), "{used} vs {now}");
+
+    let (rotated, row) = store.rotate_token(listed[0].id, now).await.unwrap();
+    assert_ne!(rotated, push);
+    assert_eq!(
+        (
+            row.role,
+            row.source.as_str(),
+            row.teams.clone(),
+            row.state(now)
+        ),
+        ("ingest", "nlp-cron", vec!["nlp".to_string()], "active")
+    );
+    assert!(
+        store.verify_token(&push).await.unwrap().is_none(),
+        "old one revoked"
+    );
+    assert!(store.verify_token(&rotated).await.unwrap().is_some());
+    let err = store.rotate_token(listed[0].id, now).await.unwrap_err();
+    assert!(err.to_string().contains("is revoked"), "{err}");
+
+    let revoked = store.revoke_token(row.id, now + 5).await.unwrap();
+    assert_eq!(
+        (revoked.revoked_at, revoked.state(now)),
+        (Some(now + 5), "revoked")
+    );
+    assert!(store.verify_token(&rotated).await.unwrap().is_none());
+    assert!(store
+        .revoke_token(999, now)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("no token with id 999"));
+}
+
+both!(tokens_are_listed_rotated_revoked_and_expire);
