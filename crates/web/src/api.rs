@@ -9,11 +9,15 @@ use gpuledger_ledger::{echo, GroupBy};
 use gpuledger_model::{GpuView, SummaryGroup};
 
 use crate::csv::Csv;
-use crate::params::Params;
+use crate::params::{Params, ReadScope};
 use crate::{error, AppState};
 
 fn bad_request(msg: String) -> Response {
     error(StatusCode::BAD_REQUEST, msg)
+}
+
+fn forbidden(msg: String) -> Response {
+    error(StatusCode::FORBIDDEN, msg)
 }
 
 fn internal(e: impl std::fmt::Display) -> Response {
@@ -75,11 +79,18 @@ fn gpu_csv_row(g: &GpuView) -> Vec<String> {
     ]
 }
 
-pub async fn gpus(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match Params::parse(q.as_deref(), &["format", "include_mig"]) {
+pub async fn gpus(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let mut p = match Params::parse(q.as_deref(), &["format", "include_mig"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
+    if let Err(e) = scope.apply(&mut p) {
+        return forbidden(e);
+    }
     let list = match state
         .store
         .list_gpus(&p.filters, p.include_mig, state.now())
@@ -101,6 +112,7 @@ pub async fn gpus(State(state): State<AppState>, RawQuery(q): RawQuery) -> Respo
 pub async fn gpu(
     State(state): State<AppState>,
     Path(uuid): Path<String>,
+    scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
     let p = match Params::parse(q.as_deref(), &["from", "to", "range", "format"]) {
@@ -112,8 +124,9 @@ pub async fn gpu(
     }
     let now = state.now();
     let detail = match state.store.gpu_detail(&uuid, p.window(now), now).await {
-        Ok(Some(d)) => d,
-        Ok(None) => {
+        // Another team's GPU is, to a scoped token, no GPU at all.
+        Ok(Some(d)) if scope.may_read(&d.gpu.team) => d,
+        Ok(_) => {
             return error(
                 StatusCode::NOT_FOUND,
                 format!("no GPU with uuid `{}`", echo(&uuid)),
@@ -192,11 +205,18 @@ fn summary_csv_row(g: &SummaryGroup, total: bool) -> Vec<String> {
     ]
 }
 
-pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match Params::parse(q.as_deref(), &["from", "to", "range", "group_by", "format"]) {
+pub async fn summary(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let mut p = match Params::parse(q.as_deref(), &["from", "to", "range", "group_by", "format"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
+    if let Err(e) = scope.apply(&mut p) {
+        return forbidden(e);
+    }
     let now = state.now();
     let by = p.group_by.unwrap_or(GroupBy::Team);
     let s = match state
@@ -218,7 +238,15 @@ pub async fn summary(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
     Json(s).into_response()
 }
 
-pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+pub async fn sources(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    // Sources' errors name GPUs and teams of every team.
+    if scope.is_limited() {
+        return forbidden(scope.refusal("sources"));
+    }
     let p = match Params::parse(q.as_deref(), &["format"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
@@ -265,7 +293,14 @@ pub async fn sources(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
 /// `GET /api/v1/billing`: the imported billing exports, newest first, each with its
 /// reconciliation as at import (per GPU, team and month: estimated, billed, difference; the
 /// GPU spend no known host matched; the lines that could not be read).
-pub async fn billing(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+pub async fn billing(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    if scope.is_limited() {
+        return forbidden(scope.refusal("billing exports"));
+    }
     match Params::parse(q.as_deref(), &[]) {
         Err(e) => return bad_request(e),
         Ok(p) if !p.filters.is_empty() => {
@@ -280,11 +315,18 @@ pub async fn billing(State(state): State<AppState>, RawQuery(q): RawQuery) -> Re
 }
 
 /// `GET /api/v1/teams`: the team registry, and the teams that own GPUs without being in it.
-pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match Params::parse(q.as_deref(), &[]) {
+pub async fn teams(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let mut p = match Params::parse(q.as_deref(), &[]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
+    if let Err(e) = scope.apply(&mut p) {
+        return forbidden(e);
+    }
     let gpus = match state.store.list_gpus(&p.filters, false, state.now()).await {
         Ok(g) => g,
         Err(e) => return internal(e),
@@ -294,7 +336,8 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
         *owning.entry(g.team.clone()).or_default() += 1;
     }
     let registry = &state.config.teams;
-    let mut names: std::collections::BTreeSet<&String> = registry.keys().collect();
+    let mut names: std::collections::BTreeSet<&String> =
+        registry.keys().filter(|t| scope.may_read(t)).collect();
     names.extend(owning.keys());
     let items: Vec<serde_json::Value> = names
         .into_iter()
@@ -317,11 +360,18 @@ pub async fn teams(State(state): State<AppState>, RawQuery(q): RawQuery) -> Resp
 /// what that use cost: each present GPU-hour split evenly among the workloads that held the GPU
 /// or its MIG instances, by the team each allocation names (`ledger::usedby::split`); hours
 /// nobody held are `unallocated`. The rows' costs add up to the GPUs' cost in the window.
-pub async fn used_by(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
-    let p = match Params::parse(q.as_deref(), &["from", "to", "range"]) {
+pub async fn used_by(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let mut p = match Params::parse(q.as_deref(), &["from", "to", "range"]) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
+    if let Err(e) = scope.apply(&mut p) {
+        return forbidden(e);
+    }
     let now = state.now();
     let window = p.window(now);
     let rows = match state.store.used_by_cost(window, &p.filters, now).await {

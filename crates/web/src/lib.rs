@@ -9,6 +9,7 @@ mod csv;
 mod ingest;
 mod openapi;
 mod params;
+mod server;
 mod ui;
 
 use std::sync::Arc;
@@ -25,10 +26,35 @@ pub use axum::http::StatusCode;
 pub use ingest::{ingest_bytes, IngestReply};
 pub use openapi::OPENAPI_JSON;
 
+/// How long a client may take and how many may be served at once (`[server]`): a client that
+/// sends slowly, or not at all, cannot hold a connection for long, nor the server's file
+/// descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Time to send a request's head, counted from when the server starts waiting for it: on a
+    /// new connection and between requests on a kept-alive one (so it is the idle timeout too).
+    pub header_timeout: std::time::Duration,
+    /// Time to send a push body in full, once its head is in.
+    pub body_timeout: std::time::Duration,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(60),
+            max_connections: 512,
+        }
+    }
+}
+
 /// Settings of the HTTP surface.
 #[derive(Debug, Clone, Default)]
 pub struct WebConfig {
     pub limits: BodyLimits,
+    pub server: ServerLimits,
     /// Reads (API and pages) need a viewer token.
     pub read_requires_token: bool,
     /// Label every page as demo data.
@@ -76,7 +102,9 @@ pub(crate) fn bearer(req_headers: &axum::http::HeaderMap) -> Option<String> {
         .then(|| token.trim().to_string())
 }
 
-async fn require_viewer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// With `read_requires_token`, a read needs a viewer token; a viewer token minted with
+/// `--team` reads only those teams (its [`params::ReadScope`] goes with the request).
+async fn require_viewer(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if !state.config.read_requires_token {
         return next.run(req).await;
     }
@@ -88,10 +116,13 @@ async fn require_viewer(State(state): State<AppState>, req: Request, next: Next)
         );
     };
     match state.store.verify_token(&token).await {
-        Ok(Some(info)) if info.role == Role::Viewer => next.run(req).await,
+        Ok(Some(info)) if info.role == Role::Viewer => {
+            req.extensions_mut().insert(params::ReadScope(info.teams));
+            next.run(req).await
+        }
         Ok(_) => error(
             StatusCode::UNAUTHORIZED,
-            "unknown token or not a viewer token",
+            "unknown, revoked or expired token, or not a viewer token",
         ),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
@@ -185,13 +216,13 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::map_response(security_headers))
 }
 
-/// Serve until the future `shutdown` resolves.
+/// Serve until the future `shutdown` resolves, within `state.config.server`'s limits
+/// ([`server::serve`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = state.config.server;
+    server::serve(listener, router(state), limits, shutdown).await
 }

@@ -6,6 +6,71 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 use gpuledger_ledger::GroupBy;
 use gpuledger_store::{Filters, Window};
 
+/// What a team-scoped viewer token may read: its teams' GPUs and the figures of those GPUs.
+/// The viewer middleware puts it in the request's extensions; absent, or with no teams, reads
+/// are not limited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadScope(pub Option<Vec<String>>);
+
+impl ReadScope {
+    /// The scope of the request whose extensions are `ext`.
+    pub fn of(ext: &axum::http::Extensions) -> ReadScope {
+        ext.get::<ReadScope>().cloned().unwrap_or_default()
+    }
+
+    pub fn is_limited(&self) -> bool {
+        self.0.is_some()
+    }
+
+    pub fn may_read(&self, team: &str) -> bool {
+        self.0.as_ref().is_none_or(|t| t.iter().any(|x| x == team))
+    }
+
+    fn teams_text(&self) -> String {
+        self.0.as_ref().map(|t| t.join(", ")).unwrap_or_default()
+    }
+
+    /// Limit `p` to the scope: no team filter becomes the scope's teams; a team outside it is
+    /// refused (the message says which, for a 403).
+    pub fn apply(&self, p: &mut Params) -> Result<(), String> {
+        let Some(teams) = &self.0 else {
+            return Ok(());
+        };
+        let asked = p.filters.values_mut("team").expect("team is a filter");
+        if let Some(other) = asked.iter().find(|t| !teams.contains(t)) {
+            return Err(format!(
+                "team `{}`: this token reads only teams: {}",
+                gpuledger_ledger::echo(other),
+                self.teams_text()
+            ));
+        }
+        if asked.is_empty() {
+            asked.extend(teams.iter().cloned());
+        }
+        Ok(())
+    }
+
+    /// The refusal for what a scoped token may not read at all.
+    pub fn refusal(&self, what: &str) -> String {
+        format!(
+            "{what} span every team; this token reads only teams: {} (ask for a viewer token \
+             without --team)",
+            self.teams_text()
+        )
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadScope {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(ReadScope::of(&parts.extensions))
+    }
+}
+
 /// The range every page and endpoint shows when none is given.
 pub const DEFAULT_RANGE_DAYS: i64 = 30;
 

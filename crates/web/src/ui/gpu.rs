@@ -39,13 +39,16 @@ pub async fn gpu_page(
         now,
         window,
         frame: mut f,
+        scope,
         ..
     } = page;
     f.title = "GPU".into();
+    // Another team's GPU is, to a scoped token, no GPU at all.
     let d = state
         .store
         .gpu_detail(&uuid, window, now)
         .await?
+        .filter(|d| scope.may_read(&d.gpu.team))
         .ok_or_else(|| PageError::not_found(format!("no GPU with uuid `{}`", echo(&uuid))))?;
     let g = &d.gpu;
     let fig = &d.figures;

@@ -33,7 +33,7 @@ use gpuledger_ledger::echo;
 use gpuledger_model::{SourceStatus, SourceView};
 
 use crate::csv::Csv;
-use crate::params::{Params, DEFAULT_RANGE_DAYS};
+use crate::params::{Params, ReadScope, DEFAULT_RANGE_DAYS};
 use crate::{error, AppState};
 
 /// `$1,234.56`; negative numbers keep their sign.
@@ -318,6 +318,10 @@ impl PageError {
         PageError::new(StatusCode::NOT_FOUND, message)
     }
 
+    pub fn forbidden(message: impl Into<String>) -> PageError {
+        PageError::new(StatusCode::FORBIDDEN, message)
+    }
+
     /// The same error as the API gives it: `{"error": ...}`.
     pub fn json(self) -> Response {
         error(self.status, self.message)
@@ -362,6 +366,8 @@ impl Takes for Plain {
 /// whose title depends on its path sets `frame.title`.
 pub struct Page<K = Plain> {
     pub p: Params,
+    /// What the request's token may read (its team filter is already applied to `p`).
+    pub scope: ReadScope,
     pub now: chrono::DateTime<chrono::Utc>,
     pub window: gpuledger_store::Window,
     pub sources: Vec<SourceView>,
@@ -378,7 +384,9 @@ impl<K: Takes + Send> axum::extract::FromRequestParts<AppState> for Page<K> {
     ) -> Result<Self, Self::Rejection> {
         let mut allowed = vec!["from", "to", "range", "csv"];
         allowed.extend_from_slice(K::PARAMS);
-        let p = Params::parse(parts.uri.query(), &allowed).map_err(PageError::bad_request)?;
+        let mut p = Params::parse(parts.uri.query(), &allowed).map_err(PageError::bad_request)?;
+        let scope = ReadScope::of(&parts.extensions);
+        scope.apply(&mut p).map_err(PageError::forbidden)?;
         let now = state.now();
         let sources = state.store.sources(now).await?;
         let path = parts.uri.path().to_string();
@@ -390,10 +398,11 @@ impl<K: Takes + Send> axum::extract::FromRequestParts<AppState> for Page<K> {
                 .find(|(_, href)| *href == p)
                 .map_or("gpuledger", |(label, _)| *label),
         };
-        let frame = frame(state, &p, &path, title, &sources).await?;
+        let frame = frame(state, &p, &scope, &path, title, &sources).await?;
         Ok(Page {
             window: p.window(now),
             p,
+            scope,
             now,
             sources,
             frame,
@@ -406,12 +415,19 @@ impl<K: Takes + Send> axum::extract::FromRequestParts<AppState> for Page<K> {
 pub async fn frame(
     state: &AppState,
     p: &Params,
+    scope: &ReadScope,
     path: &str,
     title: &str,
     sources: &[SourceView],
 ) -> Result<Frame, PageError> {
     let store = &state.store;
     let now = state.now();
+    // A scoped token's choices come from its teams' GPUs only.
+    let visible = if scope.is_limited() {
+        Some(store.list_gpus(&p.filters, false, now).await?)
+    } else {
+        None
+    };
     let mut filters = Vec::new();
     for (name, selected) in p.filters.iter() {
         let label = match name {
@@ -421,7 +437,21 @@ pub async fn frame(
             "cluster" => "Cluster",
             _ => "Model",
         };
-        let values = store.distinct(name).await?;
+        let values = match &visible {
+            None => store.distinct(name).await?,
+            Some(gpus) => gpus
+                .iter()
+                .filter_map(|g| match name {
+                    "team" => Some(g.team.clone()),
+                    "env" => Some(g.env.clone()),
+                    "cloud" => g.cloud.clone(),
+                    "cluster" => g.cluster.clone(),
+                    _ => Some(g.model.clone()),
+                })
+                .collect::<std::collections::BTreeSet<String>>()
+                .into_iter()
+                .collect(),
+        };
         let mut options: Vec<(String, bool)> = values
             .into_iter()
             .map(|v| {

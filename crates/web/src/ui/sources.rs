@@ -23,8 +23,13 @@ pub async fn sources_page(
         p,
         sources,
         frame: f,
+        scope,
         ..
     } = page;
+    // Sources' errors name GPUs and teams of every team.
+    if scope.is_limited() {
+        return Err(PageError::forbidden(scope.refusal("sources")));
+    }
     let objective = state.store.settings().freshness_objective_secs;
     let mut table = Table::new("sources", &f, vec![
         col("Source", "The name its token or collector reports as."),

@@ -189,8 +189,16 @@ pub async fn team_page(
         now,
         window,
         frame: mut f,
+        scope,
         ..
     } = page;
+    if !scope.may_read(&team) {
+        let mut asked = p.clone();
+        asked.filters.team = vec![team.clone()];
+        return Err(PageError::forbidden(
+            scope.apply(&mut asked).err().unwrap_or_default(),
+        ));
+    }
     f.title = format!("Team {team}");
     let store = &state.store;
     p.filters.team = vec![team.clone()];
