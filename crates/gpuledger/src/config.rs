@@ -16,6 +16,10 @@
 //! [ingest]
 //! max_body_bytes = 8388608
 //! max_decompressed_bytes = 67108864
+//! [server]
+//! header_timeout_secs = 10      # to send a request's head; also the keep-alive idle timeout
+//! body_timeout_secs = 60        # to send a push body in full
+//! max_connections = 512         # open at once; keep under the open-file limit
 //! [rates]                       # USD per GPU-hour, by family or exact model name
 //! "H100" = 9.80
 //! [[collectors]]
@@ -578,6 +582,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             "retention",
             "auth",
             "ingest",
+            "server",
             "rates",
             "ownership",
             "teams",
@@ -647,6 +652,27 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
         if let Some(v) = c.integer(t, "ingest", "max_decompressed_bytes", 1024, 4 << 30) {
             cfg.web.limits.max_decompressed_bytes = v as usize;
+        }
+    }
+    if let Some(t) = c.table(root, "server") {
+        c.unknown_keys(
+            t,
+            "server",
+            &[
+                "header_timeout_secs",
+                "body_timeout_secs",
+                "max_connections",
+            ],
+        );
+        let server = &mut cfg.web.server;
+        if let Some(v) = c.integer(t, "server", "header_timeout_secs", 1, 3600) {
+            server.header_timeout = std::time::Duration::from_secs(v as u64);
+        }
+        if let Some(v) = c.integer(t, "server", "body_timeout_secs", 1, 3600) {
+            server.body_timeout = std::time::Duration::from_secs(v as u64);
+        }
+        if let Some(v) = c.integer(t, "server", "max_connections", 1, 1_000_000) {
+            server.max_connections = v as usize;
         }
     }
     if let Some(t) = c.table(root, "rates") {
@@ -781,11 +807,27 @@ rollup_days = 365
 read_requires_token = true
 [ingest]
 max_body_bytes = 2048
+[server]
+header_timeout_secs = 5
+body_timeout_secs = 30
+max_connections = 2000
 [rates]
 "H100" = 9.8
 "#,
         )
         .unwrap();
+        assert_eq!(
+            cfg.web.server,
+            gpuledger_web::ServerLimits {
+                header_timeout: std::time::Duration::from_secs(5),
+                body_timeout: std::time::Duration::from_secs(30),
+                max_connections: 2000,
+            }
+        );
+        assert_eq!(
+            parse("").unwrap().web.server,
+            gpuledger_web::ServerLimits::default()
+        );
         assert_eq!(cfg.listen.as_deref(), Some("127.0.0.1:9000"));
         assert_eq!(cfg.settings.idle_threshold_pct, 3.0);
         assert_eq!(cfg.settings.raw_retention_days, 7);

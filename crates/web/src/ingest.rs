@@ -1,8 +1,10 @@
 //! `POST /api/v1/ingest`: the push API v1 (BRIEF section 3).
 //!
-//! Order of checks: token (401), body size (413), decoding (400), then record by record. The
-//! reply is 200 with per-list counts and every rejected record's path and reason, or 403 when
-//! the token was not allowed to write anything in the body.
+//! Order of checks: token (401, before a byte of the body is read), declared size (413, before
+//! the body too), the body within the body timeout (408) and the size limit (413), decoding
+//! (400), then record by record. The reply is 200 with per-list counts and every rejected
+//! record's path and reason, or 403 when the token was not allowed to write anything in the
+//! body. A refusal sent before the whole body was read closes the connection.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -10,7 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gpuledger_ledger::{decode_body, DecodeError, TimeBounds};
-use gpuledger_store::Role;
+use gpuledger_store::{Role, TokenInfo};
 use serde_json::{json, Value};
 
 use crate::{bearer, AppState};
@@ -44,23 +46,42 @@ pub async fn ingest_bytes(
     user_agent: Option<&str>,
     bytes: &[u8],
 ) -> IngestReply {
+    match authenticate(state, token).await {
+        Ok(info) => ingest_authenticated(state, &info, content_encoding, user_agent, bytes).await,
+        Err(refused) => refused,
+    }
+}
+
+/// The ingest token behind `token`, or the 401/403/500 reply that refuses the push.
+async fn authenticate(state: &AppState, token: Option<&str>) -> Result<TokenInfo, IngestReply> {
     let Some(token) = token else {
-        return reply(
+        return Err(reply(
             StatusCode::UNAUTHORIZED,
             "missing token: send `Authorization: Bearer <token>` (mint one with `gpuledger token create --source NAME`)",
-        );
+        ));
     };
     let info = match state.store.verify_token(token).await {
         Ok(Some(info)) => info,
-        Ok(None) => return reply(StatusCode::UNAUTHORIZED, "unknown token"),
-        Err(e) => return reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Ok(None) => return Err(reply(StatusCode::UNAUTHORIZED, "unknown token")),
+        Err(e) => return Err(reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     };
     if info.role != Role::Ingest {
-        return reply(
+        return Err(reply(
             StatusCode::FORBIDDEN,
             "a viewer token cannot write; use an ingest token",
-        );
+        ));
     }
+    Ok(info)
+}
+
+/// Decoding, validation and storage of a body an ingest token sent.
+async fn ingest_authenticated(
+    state: &AppState,
+    info: &TokenInfo,
+    content_encoding: Option<&str>,
+    user_agent: Option<&str>,
+    bytes: &[u8],
+) -> IngestReply {
     let body = match decode_body(bytes, content_encoding, state.config.limits) {
         Ok(b) => b,
         Err(e) => {
@@ -115,23 +136,50 @@ pub async fn ingest_bytes(
     IngestReply { status, body }
 }
 
+/// An answer sent before the body was read in full: the connection closes after it, so the
+/// rest of the body is never waited for.
+fn closing(reply: IngestReply) -> Response {
+    let mut resp = reply.into_response();
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
 pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let token = bearer(&headers);
-    // Authenticate before reading a possibly large body.
-    if token.is_none() {
-        return ingest_bytes(&state, None, None, None, &[])
-            .await
-            .into_response();
-    }
+    // The token first, then the declared size: neither waits for a byte of the body.
+    let info = match authenticate(&state, bearer(&headers).as_deref()).await {
+        Ok(info) => info,
+        Err(refused) => return closing(refused),
+    };
     let limit = state.config.limits.max_body_bytes;
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
+    let too_large = || {
+        closing(reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body is over the limit of {limit} bytes; split it into smaller pushes"),
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let timeout = state.config.server.body_timeout;
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return too_large(),
         Err(_) => {
-            return reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body is over the limit of {limit} bytes; split it into smaller pushes"),
-            )
-            .into_response()
+            return closing(reply(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s (`[server] body_timeout_secs`); send it \
+                     at once, or in smaller pushes",
+                    timeout.as_secs_f64()
+                ),
+            ))
         }
     };
     let header_str = |name| {
@@ -139,9 +187,9 @@ pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bo
             .get(name)
             .and_then(|v: &header::HeaderValue| v.to_str().ok())
     };
-    ingest_bytes(
+    ingest_authenticated(
         &state,
-        token.as_deref(),
+        &info,
         header_str(header::CONTENT_ENCODING),
         header_str(header::USER_AGENT),
         &bytes,

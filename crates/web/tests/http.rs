@@ -3,15 +3,19 @@
 //!
 //! Map: `ingest_*` the push contract of BRIEF section 3 (status codes, rejections, idempotency,
 //! scopes, limits, gzip); `query_*` the query API (filters, CSV, errors); `page_*` the pages;
-//! `auth_*` read tokens.
+//! `auth_*` read tokens; `conn_*` slow, idle and oversized clients on raw connections.
 
 use std::io::Write;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gpuledger_ledger::{BodyLimits, Settings};
 use gpuledger_store::{Role, Store};
-use gpuledger_web::{AppState, WebConfig};
+use gpuledger_web::{AppState, ServerLimits, WebConfig};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 struct App {
     base: String,
@@ -1412,4 +1416,264 @@ async fn security_headers_on_every_page_and_api_response() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     assert_eq!(resp.headers()["x-frame-options"], "DENY");
+}
+
+// ---------------------------------------------------------------------------------------------
+// conn_*: clients that send slowly, not at all, or too much (issue 14: such connections stayed
+// open indefinitely, and 300 of them made /healthz stop answering).
+
+/// Short limits, so that the tests see them act.
+fn quick_limits() -> WebConfig {
+    WebConfig {
+        server: ServerLimits {
+            header_timeout: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(1),
+            ..ServerLimits::default()
+        },
+        ..WebConfig::default()
+    }
+}
+
+async fn connect(app: &App) -> TcpStream {
+    TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// What the server sent until it closed the connection, and when it closed it (`None`: still
+/// open after `within`).
+async fn read_until_closed(s: &mut TcpStream, within: Duration) -> (String, Option<Duration>) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(start + within, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return (String::from_utf8_lossy(&got).into(), Some(start.elapsed()))
+            }
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), None),
+        }
+    }
+}
+
+fn ingest_head(token: &str, content_length: u64) -> String {
+    format!(
+        "POST /api/v1/ingest HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {content_length}\r\n\r\n"
+    )
+}
+
+/// Send `bytes` one at a time, `every` apart, until the connection fails.
+fn trickle(mut w: tokio::net::tcp::OwnedWriteHalf, bytes: Vec<u8>, every: Duration) {
+    tokio::spawn(async move {
+        for b in bytes {
+            tokio::time::sleep(every).await;
+            if w.write_all(&[b]).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+#[tokio::test]
+async fn conn_a_slow_body_is_cut_off_at_the_body_timeout() {
+    let app = app(quick_limits()).await;
+    let token = app.token("slow", &[]).await;
+    let s = connect(&app).await;
+    let (mut r, mut w) = s.into_split();
+    w.write_all(ingest_head(&token, 1000).as_bytes())
+        .await
+        .unwrap();
+    trickle(w, vec![b' '; 1000], Duration::from_millis(300));
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let closed = loop {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout_at(start + Duration::from_secs(6), r.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break Some(start.elapsed()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => break None,
+        }
+    };
+    let got = String::from_utf8_lossy(&got);
+    let closed = closed.unwrap_or_else(|| panic!("still open after 6 s; got {got:?}"));
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(
+        got.contains("body_timeout_secs") || got.contains("within"),
+        "{got}"
+    );
+    assert!(closed < Duration::from_secs(3), "closed after {closed:?}");
+}
+
+#[tokio::test]
+async fn conn_a_slow_head_or_an_idle_connection_is_closed_at_the_header_timeout() {
+    let app = app(quick_limits()).await;
+    // Connected, nothing sent.
+    let mut idle = connect(&app).await;
+    // A head sent a byte at a time.
+    let (mut slow_r, slow_w) = connect(&app).await.into_split();
+    trickle(
+        slow_w,
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: aaaaaaaaaaaaaaaaaaaa\r\n\r\n".to_vec(),
+        Duration::from_millis(300),
+    );
+    // One request answered, then kept alive and idle.
+    let mut kept = connect(&app).await;
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let (idle_got, idle_closed) = read_until_closed(&mut idle, Duration::from_secs(6)).await;
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    let slow_closed = loop {
+        match tokio::time::timeout_at(start + Duration::from_secs(6), slow_r.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => break None,
+        }
+    };
+    let (kept_got, kept_closed) = read_until_closed(&mut kept, Duration::from_secs(6)).await;
+    assert!(kept_got.starts_with("HTTP/1.1 200"), "{kept_got}");
+    for (what, closed) in [
+        ("idle", idle_closed),
+        ("slow head", slow_closed),
+        ("kept alive", kept_closed),
+    ] {
+        let closed = closed.unwrap_or_else(|| panic!("{what}: still open after 6 s"));
+        assert!(
+            closed < Duration::from_secs(3),
+            "{what}: closed after {closed:?}"
+        );
+    }
+    assert!(!idle_got.contains("200"), "{idle_got}");
+}
+
+#[tokio::test]
+async fn conn_a_declared_length_over_the_limit_gets_413_before_the_body() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("big", &[]).await;
+    let mut s = connect(&app).await;
+    s.write_all(ingest_head(&token, 100_000_000).as_bytes())
+        .await
+        .unwrap();
+    let (got, closed) = read_until_closed(&mut s, Duration::from_secs(3)).await;
+    assert!(got.starts_with("HTTP/1.1 413"), "{got:?}");
+    assert!(got.contains("8388608"), "says the limit: {got}");
+    assert!(
+        closed.is_some(),
+        "the connection is closed, not left to drain"
+    );
+}
+
+#[tokio::test]
+async fn conn_an_ingest_without_a_valid_token_gets_401_before_the_body() {
+    let app = app(WebConfig::default()).await;
+    for head in [
+        ingest_head("glt_not-a-token", 1000),
+        "POST /api/v1/ingest HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n".to_string(),
+    ] {
+        let mut s = connect(&app).await;
+        s.write_all(head.as_bytes()).await.unwrap();
+        let (got, closed) = read_until_closed(&mut s, Duration::from_secs(3)).await;
+        assert!(got.starts_with("HTTP/1.1 401"), "{got:?}");
+        assert!(closed.is_some(), "the unread body is not waited for");
+    }
+}
+
+/// At the connection limit, a new connection closes the oldest one that is not inside a
+/// request; one inside a request (a push whose body is arriving) is left alone.
+#[tokio::test]
+async fn conn_at_the_connection_limit_the_oldest_idle_connection_makes_room() {
+    let app = app(WebConfig {
+        server: ServerLimits {
+            max_connections: 8,
+            ..ServerLimits::default()
+        },
+        ..WebConfig::default()
+    })
+    .await;
+    let token = app.token("slow", &[]).await;
+    let mut pushing = connect(&app).await;
+    pushing
+        .write_all(ingest_head(&token, 1000).as_bytes())
+        .await
+        .unwrap();
+    pushing.write_all(b"{").await.unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        idle.push(connect(&app).await);
+    }
+    let start = Instant::now();
+    let (status, body) = app.get("/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    let (got, closed) = read_until_closed(&mut pushing, Duration::from_millis(300)).await;
+    assert_eq!(
+        closed, None,
+        "the push in progress keeps its connection: {got:?}"
+    );
+    let (_, closed) = read_until_closed(&mut idle[0], Duration::from_secs(1)).await;
+    assert!(closed.is_some(), "the oldest idle connection made room");
+}
+
+/// `/healthz` answers while many slow clients hold connections (idle, a head half sent, a body
+/// half sent), with the default limits. `GPULEDGER_SLOW_CONNECTIONS` sets how many (300 by
+/// default; over `max_connections`, 512, the oldest idle ones are closed as new ones come);
+/// the latencies are printed (docs/configuration.md has the figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conn_healthz_answers_while_300_slow_connections_are_held() {
+    let n: usize = std::env::var("GPULEDGER_SLOW_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let app = app(WebConfig::default()).await;
+    let token = app.token("slow", &[]).await;
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = connect(&app).await;
+        match i % 3 {
+            0 => {}
+            1 => s
+                .write_all(b"POST /api/v1/ingest HTTP/1.1\r\nHost: t\r\n")
+                .await
+                .unwrap(),
+            _ => {
+                s.write_all(ingest_head(&token, 1000).as_bytes())
+                    .await
+                    .unwrap();
+                s.write_all(b"{").await.unwrap();
+            }
+        }
+        held.push(s);
+    }
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        // A new connection each time, as a probe makes.
+        let client = reqwest::Client::new();
+        let start = Instant::now();
+        let resp = client
+            .get(format!("{}/healthz", app.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("/healthz with {n} slow connections held: {e}"));
+        assert_eq!(resp.status().as_u16(), 200);
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    println!(
+        "/healthz with {n} slow connections held: median {:?}, max {:?} (20 requests)",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    assert!(
+        latencies[latencies.len() - 1] < Duration::from_secs(2),
+        "{latencies:?}"
+    );
+    drop(held);
 }
