@@ -61,6 +61,14 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Copy the SQLite database, while the server runs, to a new file, and check the copy.
+    /// (PostgreSQL: use pg_dump; see docs/deploy.md.)
+    Backup {
+        /// The copy to write (must not exist).
+        file: PathBuf,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// Validate a config file and print every problem with its location.
     CheckConfig {
         /// The config file (TOML).
@@ -236,6 +244,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %listen, database = %redacted(&url), "gpuledger serving");
     println!("gpuledger serving on http://{}", listener.local_addr()?);
     gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn backup(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
+    let cfg = load_config(db.config.as_ref())?;
+    let url = database_url(db.database_url, &cfg);
+    let store = Store::open_for_tool(&url, cfg.settings)
+        .await
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
+    let started = std::time::Instant::now();
+    let bytes = store.backup_to(&file).await?;
+    println!(
+        "backup written to {} ({:.1} MiB in {:.1} s) and checked; restore by stopping the \
+         server and putting it in place of the database file",
+        file.display(),
+        bytes as f64 / 1_048_576.0,
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -497,6 +523,7 @@ fn main() -> std::process::ExitCode {
             Command::Collect(a) => collect(a).await,
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
+            Command::Backup { file, db } => backup(file, db).await,
             Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {
                 command: ImportCommand::Billing { file, force, db },

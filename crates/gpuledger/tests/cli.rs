@@ -1104,3 +1104,150 @@ async fn token_lifecycle_create_use_rotate_revoke() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no token with id 4242"));
 }
+
+/// The summary a server on `db` answers for a fixed window (so two servers compare exactly).
+async fn fixed_summary(dir: &Path, db: &str) -> serde_json::Value {
+    let (_server, base) = serve(dir, &["--database-url", db]);
+    let to = chrono::Utc::now() - chrono::Duration::hours(2);
+    let from = to - chrono::Duration::days(2);
+    let fmt = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:00:00Z").to_string();
+    reqwest::get(format!(
+        "{base}/api/v1/summary?group_by=team&from={}&to={}",
+        fmt(from),
+        fmt(to)
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap()
+}
+
+/// `gpuledger backup` copies a SQLite database while the server runs on it, and a server on
+/// the copy answers the same figures; an existing file is never overwritten.
+#[tokio::test]
+async fn backup_round_trip_sqlite_while_serving() {
+    let dir = tempdir("backup");
+    let db = demo_db(&dir, 2);
+    let db = db.to_str().unwrap().to_string();
+    let (_live, _) = serve(&dir, &["--database-url", &db]);
+    let copy = dir.join("copy.db");
+    let out = bin()
+        .args(["backup", copy.to_str().unwrap(), "--database-url", &db])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("and checked"), "{stdout}");
+    let original = fixed_summary(&dir, &db).await;
+    assert!(
+        original["total"]["gpu_hours"].as_i64().unwrap() > 10_000,
+        "{original}"
+    );
+    assert_eq!(fixed_summary(&dir, copy.to_str().unwrap()).await, original);
+    let again = bin()
+        .args(["backup", copy.to_str().unwrap(), "--database-url", &db])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr)
+        .contains("exists; a backup is written to a new file"));
+}
+
+/// PostgreSQL's backup is pg_dump and its restore pg_restore, as docs/deploy.md shows: a
+/// server on the restored database answers the same figures (partitions included).
+#[tokio::test]
+async fn backup_round_trip_postgres_with_pg_dump() {
+    let Ok(url) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+        assert!(
+            std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_none(),
+            "GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not"
+        );
+        eprintln!("skipped: set GPULEDGER_TEST_PG_URL");
+        return;
+    };
+    let dir = tempdir("backup-pg");
+    let base = url.rsplit_once('/').unwrap().0.to_string();
+    let (src, dst) = (
+        format!("gl_backup_src_{}", std::process::id()),
+        format!("gl_backup_dst_{}", std::process::id()),
+    );
+    let psql = |sql: &str| {
+        let out = Command::new("psql")
+            .args([&url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for db in [&src, &dst] {
+        psql(&format!("DROP DATABASE IF EXISTS {db}"));
+        psql(&format!("CREATE DATABASE {db}"));
+    }
+    let (src_url, dst_url) = (format!("{base}/{src}"), format!("{base}/{dst}"));
+    let out = bin()
+        .args([
+            "demo",
+            "--load-only",
+            "--days",
+            "2",
+            "--database-url",
+            &src_url,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump = dir.join("gpuledger.dump");
+    for (tool, args) in [
+        (
+            "pg_dump",
+            vec![
+                "--format=custom",
+                "--file",
+                dump.to_str().unwrap(),
+                &src_url,
+            ],
+        ),
+        (
+            "pg_restore",
+            vec!["--no-owner", "--dbname", &dst_url, dump.to_str().unwrap()],
+        ),
+    ] {
+        let out = Command::new(tool).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{tool}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let original = fixed_summary(&dir, &src_url).await;
+    assert!(
+        original["total"]["gpu_hours"].as_i64().unwrap() > 10_000,
+        "{original}"
+    );
+    assert_eq!(fixed_summary(&dir, &dst_url).await, original);
+    let refused = bin()
+        .args([
+            "backup",
+            dir.join("x.db").to_str().unwrap(),
+            "--database-url",
+            &src_url,
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("back it up with pg_dump"));
+    for db in [&src, &dst] {
+        psql(&format!("DROP DATABASE IF EXISTS {db}"));
+    }
+}

@@ -6,6 +6,7 @@
 //! arrive (a late sample re-rolls its hour), hours roll up per UTC day, and queries read the
 //! rollups, never the raw samples.
 
+mod backup;
 mod billing;
 mod dash;
 mod float;
