@@ -1,14 +1,18 @@
 //! Running pull collectors inside `serve`: each configured collector runs on its own interval,
 //! its observations take the same validation and storage path as a push (as the source named
 //! in its config entry), and a failing collector marks its source `error` and backs off while
-//! the others go on; one whose configuration is wrong stops, saying what to fix.
+//! the others go on; one whose configuration is wrong stops, saying what to fix. With several
+//! replicas on one PostgreSQL database, the collectors run only in the replica that holds the
+//! store's lease (see [`gpuledger_store::Lease`]): they stop when it is lost and start when it is
+//! gained.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use gpuledger_collect::{CollectError, Collector, Entry};
 use gpuledger_ledger::TimeBounds;
 use gpuledger_model::{Observation, PushBody};
-use gpuledger_store::{IngestOutcome, Principal, Store};
+use gpuledger_store::{IngestOutcome, Lease, Principal, Store};
 
 /// Store one run's observations as `principal` would push them. Host aliases and GPU counts go
 /// first, so that GPU counts see the GPUs reported under an alias and allocations on a host's
@@ -150,9 +154,77 @@ pub fn build_all(entries: &[Entry]) -> anyhow::Result<Vec<(Box<dyn Collector>, D
     Ok(built)
 }
 
-/// Run one collector in the background; see [`run`].
+/// How often a follower tries the lease and the leader checks it, unless
+/// `GPULEDGER_LEASE_RETRY_SECS` says otherwise (seconds, fractions allowed). It bounds the
+/// failover after a leader dies.
+const LEASE_RETRY: Duration = Duration::from_secs(5);
+
+/// The process's lease, taken on the first collector's start: every collector of a replica
+/// follows the same one.
+static LEASE: OnceLock<Lease> = OnceLock::new();
+
+/// The lease's retry interval: `GPULEDGER_LEASE_RETRY_SECS`, else [`LEASE_RETRY`].
+fn lease_retry() -> Duration {
+    let Ok(text) = std::env::var("GPULEDGER_LEASE_RETRY_SECS") else {
+        return LEASE_RETRY;
+    };
+    match text.trim().parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs.is_finite() => Duration::from_secs_f64(secs),
+        _ => {
+            tracing::warn!(value = %text, default_secs = LEASE_RETRY.as_secs(), "GPULEDGER_LEASE_RETRY_SECS is not a positive number of seconds; using the default");
+            LEASE_RETRY
+        }
+    }
+}
+
+/// The process's lease, started (with a task that logs its changes) on the first call.
+fn lease(store: &Store) -> Lease {
+    LEASE
+        .get_or_init(|| {
+            let retry = lease_retry();
+            let lease = store.lease(retry);
+            // On SQLite the lease never changes hands: nothing to tell.
+            if store.backend() == gpuledger_store::Backend::Postgres {
+                let mut watch = lease.clone();
+                tokio::spawn(async move {
+                    tracing::info!(retry_ms = retry.as_millis() as u64, "pull collectors wait for the lease: one replica on this database runs them");
+                    loop {
+                        watch.wait_for(true).await;
+                        tracing::info!("leading: the pull collectors run in this replica");
+                        watch.wait_for(false).await;
+                        tracing::info!("following: the pull collectors stopped here; another replica may take them over");
+                    }
+                });
+            }
+            lease
+        })
+        .clone()
+}
+
+/// Run one collector in the background while this replica holds the lease; see [`lead`].
 pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
-    tokio::spawn(run(store, collector, interval));
+    let lease = lease(&store);
+    tokio::spawn(lead(store, collector, interval, lease));
+}
+
+/// Run one collector (see [`run`]) whenever `lease` is held, stopping it when the lease is lost
+/// (a run cut short stores nothing more; the next leader's first run collects afresh); returns
+/// the error of a configuration found wrong.
+async fn lead(
+    store: Store,
+    collector: Box<dyn Collector>,
+    interval: Duration,
+    mut lease: Lease,
+) -> CollectError {
+    loop {
+        lease.wait_for(true).await;
+        tokio::select! {
+            stopped = run(&store, &*collector, interval) => return stopped,
+            () = lease.wait_for(false) => {
+                tracing::debug!(source = %collector.name(), "collector stopped: the lease was lost");
+            }
+        }
+    }
 }
 
 /// Run one collector until its configuration is found wrong: first a backfill since the
@@ -162,7 +234,7 @@ pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
 /// URL, a missing credentials file, a 4xx) stops it: retrying would only repeat the error, so
 /// the sources page and the log say what to fix, and the other collectors go on. Returns that
 /// error.
-pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration) -> CollectError {
+pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -> CollectError {
     let principal = Principal {
         source: collector.name().to_string(),
         teams: None,
@@ -185,7 +257,7 @@ pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration
             match backfill.await {
                 Ok(report) => {
                     let n = report.observations.len();
-                    match store_observations(&store, &principal, report.observations, now).await {
+                    match store_observations(store, &principal, report.observations, now).await {
                         Ok(_) => {
                             tracing::info!(source = %principal.source, since = %since, observations = n, "backfilled after downtime")
                         }
@@ -208,16 +280,16 @@ pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration
                 if let Some(first) = report.problems.first() {
                     let msg = format!("{} part(s) failed; first: {first}", report.problems.len());
                     tracing::warn!(source = %principal.source, problems = report.problems.len(), first = %first, "collector run partly failed");
-                    record_error(&store, &principal, &msg, now).await;
+                    record_error(store, &principal, &msg, now).await;
                 }
-                store_observations(&store, &principal, report.observations, now).await
+                store_observations(store, &principal, report.observations, now).await
             }
             Err(e) if !e.is_retryable() => {
                 tracing::error!(source = %principal.source, kind = %principal.kind, error = %e, "collector stopped: its configuration is wrong; fix its [[collectors]] entry and restart gpuledger");
                 let msg = format!(
                     "stopped: {e}; fix this collector's [[collectors]] entry and restart gpuledger"
                 );
-                record_error(&store, &principal, &msg, now).await;
+                record_error(store, &principal, &msg, now).await;
                 return e;
             }
             Err(e) => Err(e.into()),
@@ -236,7 +308,7 @@ pub async fn run(store: Store, collector: Box<dyn Collector>, interval: Duration
             Err(e) => {
                 failures += 1;
                 tracing::warn!(source = %principal.source, kind = %principal.kind, error = %e, failures, "collector run failed");
-                record_error(&store, &principal, &e.to_string(), now).await;
+                record_error(store, &principal, &e.to_string(), now).await;
             }
         }
         let wait = interval * 2u32.saturating_pow(failures.min(4)).min(10);
@@ -487,14 +559,14 @@ mod runner {
             error: || CollectError::Transient("connection refused".into()),
             runs: flaky_runs.clone(),
         };
-        let flaky = tokio::spawn(run(store.clone(), Box::new(flaky), interval));
+        let flaky = tokio::spawn({
+            let store = store.clone();
+            async move { run(&store, &flaky, interval).await }
+        });
 
-        let stopped = tokio::time::timeout(
-            Duration::from_secs(10),
-            run(store.clone(), Box::new(bad), interval),
-        )
-        .await
-        .expect("a configuration error stops the collector");
+        let stopped = tokio::time::timeout(Duration::from_secs(10), run(&store, &bad, interval))
+            .await
+            .expect("a configuration error stops the collector");
         assert!(matches!(stopped, CollectError::Config(_)), "{stopped:?}");
         assert_eq!(bad_runs.load(Ordering::SeqCst), 1, "not retried");
         let sources = store.sources(chrono::Utc::now()).await.unwrap();

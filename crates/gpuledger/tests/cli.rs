@@ -1251,3 +1251,125 @@ async fn backup_round_trip_postgres_with_pg_dump() {
         psql(&format!("DROP DATABASE IF EXISTS {db}"));
     }
 }
+
+/// [`serve_file`], counting the requests it answers.
+fn serve_file_counting(body: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            counter.fetch_add(1, Ordering::SeqCst);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (format!("http://{addr}/metrics"), hits)
+}
+
+/// Two `serve` replicas on one PostgreSQL database (a fresh schema, named in the URL's
+/// `options`) with the same dcgm collector, each pointed at its own copy of the scrape so that
+/// each copy's requests say which replica collected: only one collects, both answer with what
+/// it stored, and when it is killed (SIGKILL, no goodbye to the database) the other takes the
+/// collectors over. Prints the failover time.
+#[tokio::test]
+async fn serve_replicas_collect_in_one_and_fail_over_when_it_is_killed() {
+    use std::sync::atomic::Ordering;
+    let name = "serve_replicas_collect_in_one_and_fail_over_when_it_is_killed";
+    let Ok(pg) = std::env::var("GPULEDGER_TEST_PG_URL") else {
+        assert!(
+            std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_none(),
+            "GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not ({name})"
+        );
+        eprintln!("skipped: {name} (set GPULEDGER_TEST_PG_URL to run it)");
+        return;
+    };
+    let file = corpus_dir().join("dcgm/aws-kops-nvidia-l4-full-scrape.prom");
+    let Ok(scrape) = std::fs::read_to_string(&file) else {
+        eprintln!("skipped: {name} (no corpus at {})", file.display());
+        return;
+    };
+    let schema = format!("cli_replicas_{}", std::process::id());
+    gpuledger_store::Store::drop_schema(&pg, &schema)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {pg} (GPULEDGER_TEST_PG_URL): {e}"));
+    // Made and migrated here: the replicas open it through the URL's search_path.
+    gpuledger_store::Store::open_in_schema(&pg, Some(&schema), Default::default())
+        .await
+        .unwrap()
+        .close()
+        .await;
+    let sep = if pg.contains('?') { '&' } else { '?' };
+    let url = format!("{pg}{sep}options=-csearch_path%3D{schema}");
+
+    let dir = tempdir("replicas");
+    let retry_secs = 0.5;
+    let start = |replica: &str| {
+        let (endpoint, hits) = serve_file_counting(scrape.clone());
+        std::fs::write(
+            dir.join(format!("{replica}.toml")),
+            format!("[[collectors]]\ntype = \"dcgm\"\nname = \"dcgm-lab\"\ninterval_secs = 10\nendpoints = [\"{endpoint}\"]\n"),
+        )
+        .unwrap();
+        let (server, base) = serve_with_env(
+            &dir,
+            &["--config", &format!("{replica}.toml")],
+            &[
+                ("GPULEDGER_DATABASE_URL", url.clone()),
+                ("GPULEDGER_LEASE_RETRY_SECS", retry_secs.to_string()),
+            ],
+        );
+        (server, base, hits)
+    };
+    let wait_for = |what: &str, secs: u64, hits: &std::sync::atomic::AtomicUsize| {
+        let t = std::time::Instant::now();
+        while hits.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(secs),
+                "{what} within {secs} s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+
+    let (mut a, _, hits_a) = start("a");
+    wait_for("the first replica collects", 30, &hits_a);
+    let (_b, base_b, hits_b) = start("b");
+    // Ten of the follower's tries: it never collects while the leader lives, yet answers with
+    // what the leader stored.
+    tokio::time::sleep(std::time::Duration::from_secs_f64(retry_secs * 10.0)).await;
+    assert_eq!(hits_b.load(Ordering::SeqCst), 0, "only the leader collects");
+    let gpus: serde_json::Value = reqwest::get(format!("{base_b}/api/v1/gpus"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(gpus["items"][0]["source"], "dcgm-lab", "{gpus}");
+
+    a.0.kill().unwrap();
+    let killed = std::time::Instant::now();
+    a.0.wait().unwrap();
+    wait_for("the other replica takes over", 30, &hits_b);
+    eprintln!(
+        "failover: the follower collected {} ms after the leader was killed (lease retry {retry_secs} s)",
+        killed.elapsed().as_millis()
+    );
+    let sources: serde_json::Value = reqwest::get(format!("{base_b}/api/v1/sources"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sources["items"][0]["name"], "dcgm-lab", "{sources}");
+    drop(a);
+    let _ = gpuledger_store::Store::drop_schema(&pg, &schema).await;
+}

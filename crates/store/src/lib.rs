@@ -12,6 +12,7 @@ mod dash;
 mod float;
 mod identity;
 mod ingest;
+mod lease;
 mod owners;
 mod partitions;
 mod query;
@@ -30,6 +31,7 @@ use sqlx::{AnyPool, Executor};
 pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
+pub use lease::Lease;
 pub use query::{Filters, Window};
 pub use tokens::{Role, TokenInfo, TokenRow};
 

@@ -2499,3 +2499,108 @@ async fn tokens_are_listed_rotated_revoked_and_expire(store: Store) {
 }
 
 both!(tokens_are_listed_rotated_revoked_and_expire);
+
+// The pull collectors' lease: several `serve` replicas on one PostgreSQL database.
+
+/// Wait up to `secs` seconds for `cond`, polling; panics with `what` when it does not come.
+async fn within(secs: u64, what: &str, mut cond: impl FnMut() -> bool) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(secs),
+            "not within {secs} s: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+/// On SQLite the lease is held from the start: one server per database file is the only
+/// supported setup, so there is nobody to share it with.
+#[tokio::test]
+async fn lease_is_always_held_on_sqlite() {
+    let (store, _dir) = sqlite().await;
+    let mut lease = store.lease(std::time::Duration::from_millis(50));
+    assert!(lease.is_held());
+    lease.wait_for(true).await;
+}
+
+/// Two stores on one schema (two replicas): exactly one holds the lease. When the leader's
+/// store closes, the other takes over; when the leader's lock connection is killed on the
+/// server (as a network cut or an administrator would end it), the leader notices on its next
+/// check and lets go, and one store holds it again.
+#[tokio::test]
+async fn lease_has_one_holder_and_passes_on_when_the_leader_goes() {
+    let Some(url) = pg_url("lease") else {
+        return;
+    };
+    let schema = format!("t_lease_{}", std::process::id());
+    Store::drop_schema(&url, &schema)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} (GPULEDGER_TEST_PG_URL): {e}"));
+    let open = || Store::open_in_schema(&url, Some(&schema), Settings::default());
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let retry = std::time::Duration::from_millis(100);
+
+    let la = a.lease(retry);
+    within(10, "the first store takes the lease", || la.is_held()).await;
+    let lb = b.lease(retry);
+    tokio::time::sleep(retry * 10).await;
+    assert!(la.is_held() && !lb.is_held(), "exactly one holder");
+
+    // A store in another schema of the same database has a lease of its own.
+    let other = format!("{schema}_other");
+    Store::drop_schema(&url, &other).await.unwrap();
+    let elsewhere = Store::open_in_schema(&url, Some(&other), Settings::default())
+        .await
+        .unwrap();
+    let le = elsewhere.lease(retry);
+    within(10, "another schema's lease is its own", || le.is_held()).await;
+
+    // The leader closes: the other takes over.
+    a.close().await;
+    let took = within(10, "the follower takes over from a closed leader", || {
+        lb.is_held()
+    })
+    .await;
+    eprintln!(
+        "lease taken over {} ms after the leader closed",
+        took.as_millis()
+    );
+    assert!(!la.is_held());
+
+    // The leader's lock connection is ended on the server: it lets go, and one store holds it.
+    let c = open().await.unwrap();
+    let lc = c.lease(retry);
+    tokio::time::sleep(retry * 5).await;
+    assert!(lb.is_held() && !lc.is_held());
+    let admin = sqlx::AnyPool::connect(&url).await.unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND classid = hashtext('gpuledger pull collectors')::oid \
+         AND objid = hashtext($1)::oid AND objsubid = 2",
+    )
+    .bind(&schema)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(ended, [true], "one session holds the lock");
+    within(10, "the leader notices its lock connection died", || {
+        !lb.is_held()
+    })
+    .await;
+    within(10, "a store holds the lease again", || {
+        lb.is_held() || lc.is_held()
+    })
+    .await;
+    tokio::time::sleep(retry * 5).await;
+    assert!(lb.is_held() != lc.is_held(), "exactly one holder");
+
+    admin.close().await;
+    for s in [&b, &c, &elsewhere] {
+        s.close().await;
+    }
+    Store::drop_schema(&url, &schema).await.unwrap();
+    Store::drop_schema(&url, &other).await.unwrap();
+}
