@@ -389,6 +389,11 @@ impl Store {
         }
     }
 
+    /// The database pool's connections: open, and of them idle.
+    pub fn pool_stats(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }

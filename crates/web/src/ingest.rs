@@ -107,8 +107,12 @@ async fn ingest_authenticated(
         .ingest(&info.principal(kind), validated, now)
         .await
     {
-        Ok(o) => o,
+        Ok(o) => {
+            state.metrics.ingested(&info.source, &o);
+            o
+        }
         Err(e) => {
+            state.metrics.push_failed();
             tracing::error!(source = %info.source, error = %e, "ingest failed");
             return reply(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -7,6 +7,7 @@
 mod api;
 mod csv;
 mod ingest;
+mod metrics;
 mod openapi;
 mod params;
 mod server;
@@ -70,6 +71,8 @@ pub struct AppState {
     pub config: Arc<WebConfig>,
     /// The clock; tests and the demo may fix it.
     pub clock: Arc<dyn Fn() -> chrono::DateTime<chrono::Utc> + Send + Sync>,
+    /// What `/metrics` reports.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 impl AppState {
@@ -78,6 +81,7 @@ impl AppState {
             store,
             config: Arc::new(config),
             clock: Arc::new(chrono::Utc::now),
+            metrics: Default::default(),
         }
     }
 
@@ -193,6 +197,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/used-by", get(api::used_by))
         .route("/api/v1/billing", get(api::billing))
         .route("/api/v1/openapi.json", get(openapi::serve))
+        .route("/metrics", get(metrics::serve))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_viewer,
@@ -206,6 +211,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/static/{file}", get(ui::asset))
         .route("/readyz", get(readyz))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
