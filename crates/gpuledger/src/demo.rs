@@ -802,6 +802,38 @@ pub fn daily_bodies(hosts: &[&Host], from: i64, to: i64) -> Vec<PushBody> {
         }
     }
     out.retain(|b| !b.is_empty());
+    out.into_iter().flat_map(split_body).collect()
+}
+
+/// Records per body at most, so a large fleet's day stays under the push size limit.
+const MAX_RECORDS: usize = 20_000;
+
+/// `body` as pushes of at most [`MAX_RECORDS`] records each, in order: its GPUs first (a
+/// sample's GPU is then known), then its samples and allocations. A small day stays one body,
+/// as a source would send it.
+fn split_body(body: PushBody) -> Vec<PushBody> {
+    if body.gpus.len() + body.samples.len() + body.allocations.len() <= MAX_RECORDS {
+        return vec![body];
+    }
+    let mut out: Vec<PushBody> = Vec::new();
+    for chunk in body.gpus.chunks(MAX_RECORDS / 4) {
+        out.push(PushBody {
+            gpus: chunk.to_vec(),
+            ..Default::default()
+        });
+    }
+    for chunk in body.samples.chunks(MAX_RECORDS) {
+        out.push(PushBody {
+            samples: chunk.to_vec(),
+            ..Default::default()
+        });
+    }
+    for chunk in body.allocations.chunks(MAX_RECORDS) {
+        out.push(PushBody {
+            allocations: chunk.to_vec(),
+            ..Default::default()
+        });
+    }
     out
 }
 

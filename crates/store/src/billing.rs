@@ -170,7 +170,7 @@ impl Store {
         let mut report = reconcile(&lines, &windows, &period_hours, &aliases, problems);
 
         let _writer = self.write_lock.lock().await;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
         let file_id: i64 = sqlx::query_scalar(&self.sql(
             "INSERT INTO billing_files (name, sha256, imported_at, report, size_bytes, modified) \

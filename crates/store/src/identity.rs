@@ -63,7 +63,7 @@ impl Store {
         observed_at: DateTime<Utc>,
     ) -> Result<u32> {
         let _writer = self.write_lock.lock().await;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         let host = host_gpus.host.as_str();
         let count = host_gpus.count;
         let real: Vec<String> = sqlx::query_scalar(&self.sql(
@@ -261,7 +261,7 @@ impl Store {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         sqlx::query(&self.sql(
             "INSERT INTO host_aliases (alias, host, source, observed_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (alias) DO UPDATE SET host = excluded.host, source = excluded.source, \

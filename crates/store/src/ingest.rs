@@ -117,7 +117,7 @@ impl Store {
     ) -> Result<IngestOutcome> {
         let _writer = self.write_lock.lock().await;
         let now_secs = now.timestamp();
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         let stale = self.settings.stale_window_secs;
         let horizon = hour_floor(now_secs + stale) + HOUR_SECS;
         let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();

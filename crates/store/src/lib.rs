@@ -394,6 +394,23 @@ impl Store {
         (self.pool.size(), self.pool.num_idle())
     }
 
+    /// Begin a writing transaction. The caller holds `write_lock` (one writer in this
+    /// process); on PostgreSQL the transaction also takes an advisory lock held until it ends,
+    /// so the writers of several replicas on one database take turns as one process's do.
+    /// (Two pushes for the same GPU already wait on its row; writes that share no row, such
+    /// as re-rolls of different GPUs' days and owner changes, did not.)
+    pub(crate) async fn writer_tx(&self) -> Result<sqlx::Transaction<'_, sqlx::Any>> {
+        let mut tx = self.pool.begin().await?;
+        if self.backend == Backend::Postgres {
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtext('gpuledger writers ' || current_schema()))",
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        Ok(tx)
+    }
+
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }

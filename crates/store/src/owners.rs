@@ -376,7 +376,7 @@ impl Store {
             .fetch_all(self.pool())
             .await?;
         let by_workload = self.settings.ownership.reads_workloads();
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         let mut changed = 0;
         for row in &rows {
             let (id, stored) = gpu_from_row(row)?;

@@ -274,7 +274,7 @@ impl Store {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         self.reroll_all_day_use(&mut tx).await?;
         sqlx::query("INSERT INTO meta (key, value) VALUES ('day_use', '2')")
             .execute(&mut *tx)
@@ -337,7 +337,7 @@ impl Store {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.writer_tx().await?;
         let changed = sqlx::query(&format!(
             "UPDATE gpu_hours SET allocated = {ALLOCATED} WHERE (allocated = 1 OR gpu_id IN \
              (SELECT p.id FROM gpus p JOIN gpus c ON c.mig_parent_uuid = p.uuid)) \

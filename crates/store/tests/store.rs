@@ -2604,3 +2604,59 @@ async fn lease_has_one_holder_and_passes_on_when_the_leader_goes() {
     Store::drop_schema(&url, &schema).await.unwrap();
     Store::drop_schema(&url, &other).await.unwrap();
 }
+
+/// Two servers on one PostgreSQL database write the same GPU's hour at the same time: the hour
+/// rollup counts every sample both stored (their writers take turns through the database, not
+/// only within each process).
+#[tokio::test]
+async fn postgres_replicas_writing_one_hour_lose_no_sample() {
+    let Some(url) = pg_url("postgres_replicas_writing_one_hour_lose_no_sample") else {
+        return;
+    };
+    let schema = format!("t_replica_writes_{}", std::process::id());
+    Store::drop_schema(&url, &schema).await.unwrap();
+    let a = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    let b = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    let hour = t("2026-12-02T10:00:00Z");
+    push_at(
+        &a,
+        &who("hand", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","observed_at":"{}"}}]}}"#,
+            hour.to_rfc3339()
+        ),
+        hour,
+    )
+    .await;
+    let rounds = 15;
+    let write = |store: Store, offset: i64| async move {
+        for r in 0..rounds {
+            let samples: Vec<String> = (0..20)
+                .map(|i| {
+                    let ts = hour + Duration::seconds(offset + r * 40 + i * 2);
+                    format!(
+                        r#"{{"gpu_uuid":"{A}","ts":"{}","util_pct":50}}"#,
+                        ts.to_rfc3339()
+                    )
+                })
+                .collect();
+            let out = push_at(
+                &store,
+                &who("hand", None),
+                &format!(r#"{{"samples":[{}]}}"#, samples.join(",")),
+                hour + Duration::minutes(59),
+            )
+            .await;
+            assert_eq!(out.accepted.samples, 20, "{out:?}");
+        }
+    };
+    tokio::join!(write(a.clone(), 0), write(b.clone(), 1));
+    let d = a.gpu_detail(A, dec2(), now()).await.unwrap().unwrap();
+    let h = d.hours.iter().find(|h| h.hour == hour).unwrap();
+    assert_eq!(h.samples, 2 * rounds * 20);
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
