@@ -604,7 +604,8 @@ pub(crate) const HELD: &str = HELD_SQL;
 pub(crate) const HELD_IDLE: &str = HELD_IDLE_SQL;
 
 // `+h.hour` in the hour joins below: the window (`$1`, `$2`) bounds the scan of a GPU's
-// hours, not the allocation's own span, which may be months long.
+// hours, not the allocation's own span, which may be months long. A workload two sources
+// report counts once, for the team one of them names (`MAX`: `''`, none, sorts first).
 macro_rules! held_sql {
     ($gpus:literal, $hours:literal) => {
         concat!(
@@ -617,7 +618,7 @@ macro_rules! held_sql {
             $gpus,
             "), \
              x AS (\
-               SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
+               SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MAX(a.team) AS team \
                FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
                AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
             $hours,

@@ -42,7 +42,7 @@ macro_rules! holders_of_ids {
            SELECT m.id FROM gpus m JOIN gpus q ON m.mig_parent_uuid = q.uuid WHERE q.id IN (IDS)) \
            AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
          x AS (\
-           SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MIN(a.team) AS team \
+           SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MAX(a.team) AS team \
            FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
            AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
            GROUP BY h.gpu_id, h.hour, a.workload), \
@@ -268,15 +268,16 @@ impl Store {
         Ok(done.is_some())
     }
 
-    /// A database from before used-by was rolled up per day gets its rows once.
+    /// A database from before used-by was rolled up per day, or from before a workload two
+    /// sources report counted for the team one of them names, gets its rows (again) once.
     pub(crate) async fn fill_day_use_once(&self) -> Result<()> {
-        if self.done_once("day_use").await? {
+        if self.done_once("day_use_named_team").await? {
             return Ok(());
         }
         let _writer = self.write_lock.lock().await;
         let mut tx = self.writer_tx().await?;
         self.reroll_all_day_use(&mut tx).await?;
-        sqlx::query("INSERT INTO meta (key, value) VALUES ('day_use', '2')")
+        sqlx::query("INSERT INTO meta (key, value) VALUES ('day_use_named_team', '3')")
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

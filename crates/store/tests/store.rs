@@ -2660,3 +2660,66 @@ async fn postgres_replicas_writing_one_hour_lose_no_sample() {
     assert_eq!(h.samples, 2 * rounds * 20);
     Store::drop_schema(&url, &schema).await.unwrap();
 }
+
+/// The same workload reported by two sources, one naming its team (the Kubernetes collector)
+/// and one not (dcgm-exporter's pod attribution): its hours are used by that team, on the
+/// whole days of the rollup and on the window's partial edges alike, never by `unowned`.
+async fn a_workload_named_by_one_source_and_not_another_counts_for_its_team(store: Store) {
+    collect_at(
+        &store,
+        &who("k8s", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","observed_at":"2026-12-01T00:00:00Z"}}],
+              "allocations":[{{"gpu_uuid":"{A}","start":"2026-12-01T00:00:00Z","workload":"ml/train","kind":"pod","team":"nlp"}}]}}"#
+        ),
+        t("2026-12-01T00:01:00Z"),
+    )
+    .await;
+    collect_at(
+        &store,
+        &who("dcgm", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"Tesla T4","observed_at":"2026-12-02T11:00:00Z"}}],
+              "allocations":[{{"gpu_uuid":"{A}","start":"2026-12-01T00:05:00Z","workload":"ml/train","kind":"pod"}}]}}"#
+        ),
+        t("2026-12-02T11:01:00Z"),
+    )
+    .await;
+    let samples: Vec<String> = (0..36)
+        .map(|h| {
+            let ts = t("2026-12-01T00:30:00Z") + Duration::hours(h);
+            format!(
+                r#"{{"gpu_uuid":"{A}","ts":"{}","util_pct":50}}"#,
+                ts.to_rfc3339()
+            )
+        })
+        .collect();
+    collect_at(
+        &store,
+        &who("dcgm", None),
+        &format!(r#"{{"samples":[{}]}}"#, samples.join(",")),
+        now(),
+    )
+    .await;
+    for (from, to) in [
+        ("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z"),
+        ("2026-12-01T06:00:00Z", "2026-12-02T06:00:00Z"),
+    ] {
+        let rows = store
+            .used_by_cost(
+                Window {
+                    from: t(from).timestamp(),
+                    to: t(to).timestamp(),
+                },
+                &Filters::default(),
+                now(),
+            )
+            .await
+            .unwrap();
+        let teams: Vec<&str> = rows.iter().map(|r| r.team.as_str()).collect();
+        assert_eq!(teams, vec!["nlp"], "{from}..{to}: {rows:?}");
+        assert_eq!(rows[0].gpu_hours, 24.0, "{from}..{to}");
+    }
+}
+
+both!(a_workload_named_by_one_source_and_not_another_counts_for_its_team);
