@@ -20,6 +20,8 @@
 //! header_timeout_secs = 10      # to send a request's head; also the keep-alive idle timeout
 //! body_timeout_secs = 60        # to send a push body in full
 //! max_connections = 512         # open at once; keep under the open-file limit
+//! tls_cert = "/etc/gpuledger/tls.crt"   # HTTPS: certificate chain and key (PEM), reloaded
+//! tls_key = "/etc/gpuledger/tls.key"    #   when they change; plain HTTP without them
 //! [rates]                       # USD per GPU-hour, by family or exact model name
 //! "H100" = 9.80
 //! [[collectors]]
@@ -662,8 +664,36 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                 "header_timeout_secs",
                 "body_timeout_secs",
                 "max_connections",
+                "tls_cert",
+                "tls_key",
             ],
         );
+        let cert = c.string(t, "server", "tls_cert");
+        let key = c.string(t, "server", "tls_key");
+        match (cert, key) {
+            (Some(cert), Some(key)) => {
+                for (name, path) in [("tls_cert", &cert), ("tls_key", &key)] {
+                    if !std::path::Path::new(path).is_file() {
+                        let span = t.get(name).and_then(|i| i.span());
+                        c.problem(span, &join("server", name), format!("no file at `{path}`"));
+                    }
+                }
+                cfg.web.tls = Some(gpuledger_web::TlsFiles {
+                    cert: cert.into(),
+                    key: key.into(),
+                });
+            }
+            (None, None) => {}
+            (one, _) => {
+                let name = if one.is_some() { "tls_cert" } else { "tls_key" };
+                let span = t.get(name).and_then(|i| i.span());
+                c.problem(
+                    span,
+                    &join("server", name),
+                    "set both tls_cert and tls_key (PEM files), or neither",
+                );
+            }
+        }
         let server = &mut cfg.web.server;
         if let Some(v) = c.integer(t, "server", "header_timeout_secs", 1, 3600) {
             server.header_timeout = std::time::Duration::from_secs(v as u64);
@@ -835,6 +865,39 @@ max_connections = 2000
         assert_eq!(cfg.web.limits.max_body_bytes, 2048);
         assert_eq!(cfg.settings.rates.overrides["H100"], 9.8);
         assert!(parse("").unwrap().collectors.is_empty());
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_they_must_exist() {
+        let text = |src: &str| -> Vec<String> {
+            parse(src)
+                .unwrap_err()
+                .iter()
+                .map(|p| p.to_string())
+                .collect()
+        };
+        let one = text("[server]\ntls_cert = \"/etc/hosts\"\n");
+        assert_eq!(one.len(), 1, "{one:?}");
+        assert!(
+            one[0].contains("server.tls_cert: set both tls_cert and tls_key"),
+            "{one:?}"
+        );
+        let missing =
+            text("[server]\ntls_cert = \"/etc/hosts\"\ntls_key = \"/nonexistent/k.pem\"\n");
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].contains("server.tls_key: no file at `/nonexistent/k.pem`"),
+            "{missing:?}"
+        );
+        let both =
+            parse("[server]\ntls_cert = \"/etc/hosts\"\ntls_key = \"/etc/hostname\"\n").unwrap();
+        assert_eq!(
+            both.web.tls,
+            Some(gpuledger_web::TlsFiles {
+                cert: "/etc/hosts".into(),
+                key: "/etc/hostname".into()
+            })
+        );
     }
 
     #[test]

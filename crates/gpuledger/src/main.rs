@@ -242,7 +242,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {listen}"))?;
     tracing::info!(listen = %listen, database = %redacted(&url), "gpuledger serving");
-    println!("gpuledger serving on http://{}", listener.local_addr()?);
+    let scheme = if cfg.web.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("gpuledger serving on {scheme}://{}", listener.local_addr()?);
     gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
     Ok(())
 }

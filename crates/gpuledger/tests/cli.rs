@@ -1373,3 +1373,114 @@ async fn serve_replicas_collect_in_one_and_fail_over_when_it_is_killed() {
     drop(a);
     let _ = gpuledger_store::Store::drop_schema(&pg, &schema).await;
 }
+
+/// HTTPS natively: `[server] tls_cert`/`tls_key` serve a push and a read over TLS (plain HTTP
+/// on the same port gets nothing), and a renewed certificate written over the files is served
+/// from the next connection on, without a restart.
+#[tokio::test]
+async fn serve_https_and_reload_a_renewed_certificate() {
+    let dir = tempdir("tls");
+    let make_cert = |name: &str| -> Vec<u8> {
+        let (crt, key) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-days", "2", "-subj", &format!("/CN={name}")])
+            .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+            .args(["-addext", "extendedKeyUsage=serverAuth"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&crt)
+            .output()
+            .expect("openssl (Debian package openssl) makes the test certificates");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Put in place as a renewal does: write beside, then rename over.
+        for (from, to) in [(&crt, "tls.crt"), (&key, "tls.key")] {
+            let tmp = dir.join(format!("{to}.new"));
+            std::fs::copy(from, &tmp).unwrap();
+            std::fs::rename(&tmp, dir.join(to)).unwrap();
+        }
+        std::fs::read(&crt).unwrap()
+    };
+    let first = make_cert("first");
+    let cfg = dir.join("gpuledger.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
+            dir.join("tls.crt").display(),
+            dir.join("tls.key").display()
+        ),
+    )
+    .unwrap();
+    let token = token(&dir, &["--source", "cron"]);
+    let mut child = bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _server = Server(child);
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(base.starts_with("https://127.0.0.1:"), "{line}");
+    let trusting = |pem: &[u8]| {
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap())
+            .build()
+            .unwrap()
+    };
+    let now = chrono::Utc::now();
+    let body = serde_json::json!({
+        "gpus": [{"uuid": "GPU-11111111-2222-3333-4444-555555555555", "model": "NVIDIA L4",
+                  "host": "h1", "observed_at": now}]});
+    let resp = trusting(&first)
+        .post(format!("{base}/api/v1/ingest"))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Plain HTTP to the HTTPS port gets no answer.
+    let plain = base.replacen("https://", "http://", 1);
+    assert!(reqwest::get(format!("{plain}/healthz")).await.is_err());
+
+    let second = make_cert("second");
+    let gpus = trusting(&second)
+        .get(format!("{base}/api/v1/gpus"))
+        .send()
+        .await
+        .expect("the renewed certificate is served without a restart");
+    assert_eq!(gpus.status(), 200);
+    assert!(
+        trusting(&first)
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_err(),
+        "the old certificate is no longer served"
+    );
+}

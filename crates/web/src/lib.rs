@@ -11,6 +11,7 @@ mod metrics;
 mod openapi;
 mod params;
 mod server;
+mod tls;
 mod ui;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use gpuledger_store::{Role, Store};
 pub use axum::http::StatusCode;
 pub use ingest::{ingest_bytes, IngestReply};
 pub use openapi::OPENAPI_JSON;
+pub use tls::TlsFiles;
 
 /// How long a client may take and how many may be served at once (`[server]`): a client that
 /// sends slowly, or not at all, cannot hold a connection for long, nor the server's file
@@ -56,6 +58,9 @@ impl Default for ServerLimits {
 pub struct WebConfig {
     pub limits: BodyLimits,
     pub server: ServerLimits,
+    /// Serve HTTPS with this certificate and key (reloaded when they change); plain HTTP
+    /// without.
+    pub tls: Option<TlsFiles>,
     /// Reads (API and pages) need a viewer token.
     pub read_requires_token: bool,
     /// Label every page as demo data.
@@ -233,5 +238,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = state.config.server;
-    server::serve(listener, router(state), limits, shutdown).await
+    let tls = match &state.config.tls {
+        None => None,
+        Some(files) => Some(std::sync::Arc::new(
+            tls::Tls::load(files.clone())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        )),
+    };
+    server::serve(listener, router(state), limits, tls, shutdown).await
 }

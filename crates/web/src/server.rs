@@ -13,6 +13,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Notify, Semaphore};
 
+use crate::tls::{Stream, Tls};
 use crate::ServerLimits;
 
 /// Serve `router` on `listener` until `shutdown` resolves, then let every open connection
@@ -24,10 +25,14 @@ use crate::ServerLimits;
 /// at once, so the process never runs out of file descriptors: at the limit, a new connection
 /// closes the oldest one that is not inside a request (idle, or still sending its head); when
 /// every connection is inside a request, the new one waits until one ends.
+///
+/// With `tls`, each connection starts with a TLS handshake (within the header timeout) using
+/// the certificate in use at that moment.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: ServerLimits,
+    tls: Option<Arc<Tls>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let max = limits
@@ -83,12 +88,31 @@ pub async fn serve(
                 answer
             }
         });
-        let conn = http.serve_connection(TokioIo::new(stream), service);
         let mut stop = stop_rx.clone();
         let open = open.clone();
         let id = next_id;
+        let http = http.clone();
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
+        let handshake = limits.header_timeout;
         tokio::spawn(async move {
             let _permit = permit;
+            let io = match acceptor {
+                None => Stream::Plain(stream),
+                Some(a) => match tokio::time::timeout(handshake, a.accept(stream)).await {
+                    Ok(Ok(s)) => Stream::Tls(Box::new(s)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        open.remove(id);
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        open.remove(id);
+                        return;
+                    }
+                },
+            };
+            let conn = http.serve_connection(TokioIo::new(io), service);
             tokio::pin!(conn);
             let stopped = async { drop(stop.wait_for(|stop| *stop).await) };
             tokio::pin!(stopped);
