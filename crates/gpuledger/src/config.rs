@@ -642,9 +642,79 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
     }
     if let Some(t) = c.table(root, "auth") {
-        c.unknown_keys(t, "auth", &["read_requires_token"]);
+        c.unknown_keys(
+            t,
+            "auth",
+            &[
+                "read_requires_token",
+                "proxy_user_header",
+                "proxy_groups_header",
+                "groups",
+            ],
+        );
         if let Some(v) = c.boolean(t, "auth", "read_requires_token") {
             cfg.web.read_requires_token = v;
+        }
+        let user = c.string(t, "auth", "proxy_user_header");
+        let groups_header = c.string(t, "auth", "proxy_groups_header");
+        let mut groups = std::collections::BTreeMap::new();
+        if let Some(g) = c.table(t, "groups") {
+            for (group, item) in g.iter() {
+                let teams: Option<Vec<String>> = item.as_array().and_then(|a| {
+                    a.iter()
+                        .map(|v| v.as_str().map(|s| s.trim().to_ascii_lowercase()))
+                        .collect()
+                });
+                match teams {
+                    Some(teams) if !teams.is_empty() && teams.iter().all(|t| !t.is_empty()) => {
+                        groups.insert(group.to_string(), teams);
+                    }
+                    _ => c.problem(
+                        item.span(),
+                        &format!("auth.groups.{group}"),
+                        "must be a list of team names, like [\"nlp\"] (or [\"*\"] for every team)",
+                    ),
+                }
+            }
+        }
+        match (user, groups_header) {
+            (Some(user_header), Some(groups_header)) => {
+                if groups.is_empty() {
+                    c.problem(
+                        t.get("proxy_user_header").and_then(|i| i.span()),
+                        "auth.groups",
+                        "map at least one group to teams, like \"nlp-eng\" = [\"nlp\"]",
+                    );
+                }
+                if !cfg.web.read_requires_token {
+                    c.problem(
+                        t.get("proxy_user_header").and_then(|i| i.span()),
+                        "auth.proxy_user_header",
+                        "needs read_requires_token = true (without it every read is open)",
+                    );
+                }
+                cfg.web.proxy = Some(gpuledger_web::ProxyIdentity {
+                    user_header: user_header.to_ascii_lowercase(),
+                    groups_header: groups_header.to_ascii_lowercase(),
+                    groups,
+                });
+            }
+            (None, None) => {
+                if !groups.is_empty() {
+                    c.problem(
+                        t.get("groups").and_then(|i| i.span()),
+                        "auth.groups",
+                        "needs proxy_user_header and proxy_groups_header",
+                    );
+                }
+            }
+            _ => c.problem(
+                t.get("proxy_user_header")
+                    .or_else(|| t.get("proxy_groups_header"))
+                    .and_then(|i| i.span()),
+                "auth.proxy_user_header",
+                "set both proxy_user_header and proxy_groups_header, or neither",
+            ),
         }
     }
     if let Some(t) = c.table(root, "ingest") {
@@ -865,6 +935,38 @@ max_connections = 2000
         assert_eq!(cfg.web.limits.max_body_bytes, 2048);
         assert_eq!(cfg.settings.rates.overrides["H100"], 9.8);
         assert!(parse("").unwrap().collectors.is_empty());
+    }
+
+    #[test]
+    fn proxy_identity_maps_groups_to_teams() {
+        let cfg = parse(
+            "[auth]\nread_requires_token = true\nproxy_user_header = \"X-Forwarded-User\"\n\
+             proxy_groups_header = \"X-Forwarded-Groups\"\n[auth.groups]\n\"nlp-eng\" = [\"NLP\"]\n\
+             admins = [\"*\"]\n",
+        )
+        .unwrap();
+        let p = cfg.web.proxy.unwrap();
+        assert_eq!(p.user_header, "x-forwarded-user");
+        assert_eq!(p.groups["nlp-eng"], vec!["nlp".to_string()]);
+        assert_eq!(p.groups["admins"], vec!["*".to_string()]);
+        let text: Vec<String> = parse(
+            "[auth]\nproxy_user_header = \"X-User\"\nproxy_groups_header = \"X-Groups\"\n\
+             [auth.groups]\nx = \"nlp\"\n",
+        )
+        .unwrap_err()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+        assert!(
+            text.iter()
+                .any(|t| t.contains("auth.groups.x: must be a list of team names")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("needs read_requires_token = true")),
+            "{text:?}"
+        );
     }
 
     #[test]

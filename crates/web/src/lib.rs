@@ -27,6 +27,7 @@ use gpuledger_store::{Role, Store};
 pub use axum::http::StatusCode;
 pub use ingest::{ingest_bytes, IngestReply};
 pub use openapi::OPENAPI_JSON;
+pub use params::ProxyIdentity;
 pub use tls::TlsFiles;
 
 /// How long a client may take and how many may be served at once (`[server]`): a client that
@@ -63,6 +64,9 @@ pub struct WebConfig {
     pub tls: Option<TlsFiles>,
     /// Reads (API and pages) need a viewer token.
     pub read_requires_token: bool,
+    /// With `read_requires_token`, a request without a token may instead carry the user and
+    /// groups an authenticating proxy in front of the server set.
+    pub proxy: Option<ProxyIdentity>,
     /// Label every page as demo data.
     pub demo: bool,
     /// The team registry (`[teams.<name>]`), by team name.
@@ -118,6 +122,20 @@ async fn require_viewer(State(state): State<AppState>, mut req: Request, next: N
         return next.run(req).await;
     }
     let Some(token) = bearer(req.headers()) else {
+        if let Some(scope) = state
+            .config
+            .proxy
+            .as_ref()
+            .and_then(|p| p.scope(req.headers()))
+        {
+            return match scope {
+                Ok(scope) => {
+                    req.extensions_mut().insert(scope);
+                    next.run(req).await
+                }
+                Err(why) => error(StatusCode::FORBIDDEN, why),
+            };
+        }
         return error(
             StatusCode::UNAUTHORIZED,
             "reading needs a viewer token: send `Authorization: Bearer <token>` \

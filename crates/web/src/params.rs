@@ -60,6 +60,60 @@ impl ReadScope {
     }
 }
 
+/// People in a browser identified by an authenticating proxy in front of the server: the
+/// header naming the user, the one listing their groups (comma-separated), and the teams each
+/// group reads (`*`: every team). Only for a server the proxy is the only way into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyIdentity {
+    pub user_header: String,
+    pub groups_header: String,
+    pub groups: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl ProxyIdentity {
+    /// What the request's user may read, from its headers: `None` when the proxy named no
+    /// user; `Err` (for a 403) when none of the user's groups reads any team.
+    pub fn scope(&self, headers: &axum::http::HeaderMap) -> Option<Result<ReadScope, String>> {
+        let user = headers
+            .get(self.user_header.as_str())?
+            .to_str()
+            .ok()?
+            .trim();
+        if user.is_empty() {
+            return None;
+        }
+        let groups: Vec<&str> = headers
+            .get_all(self.groups_header.as_str())
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|g| !g.is_empty())
+            .collect();
+        let mut teams: Vec<String> = Vec::new();
+        for g in &groups {
+            for t in self.groups.get(*g).into_iter().flatten() {
+                if t == "*" {
+                    return Some(Ok(ReadScope(None)));
+                }
+                if !teams.contains(t) {
+                    teams.push(t.clone());
+                }
+            }
+        }
+        if teams.is_empty() {
+            return Some(Err(format!(
+                "user `{}` is in no group that reads a team (groups: {}); ask the central team \
+                 to map one in [auth.groups]",
+                gpuledger_ledger::echo(user),
+                gpuledger_ledger::echo(&groups.join(", "))
+            )));
+        }
+        teams.sort();
+        Some(Ok(ReadScope(Some(teams))))
+    }
+}
+
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ReadScope {
     type Rejection = std::convert::Infallible;
 

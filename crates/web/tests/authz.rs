@@ -23,9 +23,11 @@ impl Drop for TempDir {
     }
 }
 
-#[tokio::test]
-async fn authz_every_token_kind_against_every_read() {
-    let dir = std::env::temp_dir().join(format!("gpuledger-authz-{}", std::process::id()));
+/// A server whose reads need a token (`config`), over a store with nlp's GPU, vision's GPU
+/// and an unowned one, each with a sample: its base URL, the store, a client, an ingest token
+/// and the temporary directory's guard.
+async fn setup(name: &str, config: WebConfig) -> (String, Store, reqwest::Client, String, TempDir) {
+    let dir = std::env::temp_dir().join(format!("gpuledger-authz-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let _cleanup = TempDir(dir.clone());
@@ -35,10 +37,6 @@ async fn authz_every_token_kind_against_every_read() {
     )
     .await
     .unwrap();
-    let config = WebConfig {
-        read_requires_token: true,
-        ..Default::default()
-    };
     let mut state = AppState::new(store.clone(), config);
     state.clock = std::sync::Arc::new(now);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -77,6 +75,16 @@ async fn authz_every_token_kind_against_every_read() {
         .unwrap();
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
 
+    (base, store, client, ingest, _cleanup)
+}
+
+#[tokio::test]
+async fn authz_every_token_kind_against_every_read() {
+    let config = WebConfig {
+        read_requires_token: true,
+        ..Default::default()
+    };
+    let (base, store, client, ingest, _cleanup) = setup("tokens", config).await;
     let viewer = store
         .create_token(Role::Viewer, "leads", &[])
         .await
@@ -196,4 +204,72 @@ async fn authz_every_token_kind_against_every_read() {
     }
     println!("{table}");
     assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
+}
+
+/// People in a browser behind an authenticating proxy: the user and groups it sets read what
+/// their groups map to (`*`: everything); a user in no mapped group gets 403; without the
+/// headers or a token, 401; a token still works beside them.
+#[tokio::test]
+async fn authz_proxy_groups_read_their_teams() {
+    let config = WebConfig {
+        read_requires_token: true,
+        proxy: Some(gpuledger_web::ProxyIdentity {
+            user_header: "x-forwarded-user".into(),
+            groups_header: "x-forwarded-groups".into(),
+            groups: [
+                ("nlp-eng".to_string(), vec!["nlp".to_string()]),
+                ("platform".to_string(), vec!["*".to_string()]),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+        ..Default::default()
+    };
+    let (base, store, client, _, _cleanup) = setup("proxy", config).await;
+    let get = |user: Option<&str>, groups: &str, path: &str| {
+        let mut req = client.get(format!("{base}{path}"));
+        if let Some(u) = user {
+            req = req
+                .header("X-Forwarded-User", u)
+                .header("X-Forwarded-Groups", groups);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    let (status, body) = get(Some("ana"), "staff, nlp-eng", "/api/v1/gpus").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(OWN) && !body.contains(OTHER) && !body.contains(UNOWNED),
+        "{body}"
+    );
+    assert_eq!(get(Some("ana"), "nlp-eng", "/teams/vision").await.0, 403);
+    assert_eq!(
+        get(Some("ana"), "nlp-eng", &format!("/gpus/{OTHER}"))
+            .await
+            .0,
+        404
+    );
+    let (status, body) = get(Some("root"), "platform", "/api/v1/gpus").await;
+    assert_eq!(status, 200);
+    assert!(body.contains(OTHER) && body.contains(UNOWNED), "{body}");
+    let (status, body) = get(Some("eve"), "guests", "/api/v1/gpus").await;
+    assert_eq!(status, 403);
+    assert!(
+        body.contains("user `eve` is in no group that reads a team"),
+        "{body}"
+    );
+    assert_eq!(get(None, "", "/api/v1/gpus").await.0, 401);
+    let viewer = store
+        .create_token(Role::Viewer, "leads", &[])
+        .await
+        .unwrap();
+    let resp = client
+        .get(format!("{base}/api/v1/gpus"))
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
 }
