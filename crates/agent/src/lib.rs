@@ -67,6 +67,9 @@ struct Delivery {
     /// Failed attempts since the last success, for the log.
     failures: u32,
     last_error: Option<String>,
+    /// Bodies the server refused for good (400, 413, 415, 422, a 403 naming records): logged
+    /// and dropped, never retried; `--once` then exits non-zero.
+    refused: u32,
     state_file: PathBuf,
 }
 
@@ -169,6 +172,7 @@ impl Agent {
                 one_at_a_time: false,
                 failures: 0,
                 last_error: None,
+                refused: 0,
                 state_file,
             }))
         };
@@ -272,6 +276,13 @@ impl Agent {
         };
         loop {
             deliver(d, &mut self.reporter, None);
+            if d.queue.is_empty() && d.refused > 0 {
+                anyhow::bail!(
+                    "the server refused {} bodies for good (their reasons are logged above); they \
+                     were dropped, as sending them again would be refused again",
+                    d.refused
+                );
+            }
             if d.queue.is_empty() {
                 return Ok(());
             }
@@ -372,6 +383,12 @@ fn deliver(d: &mut Delivery, reporter: &mut Reporter, until: Option<Instant>) {
                     d.one_at_a_time = true;
                     continue;
                 }
+                // Records of GPUs the server forgot are sent again with their inventory; a body
+                // refused for that alone is repaired, not lost.
+                let repaired = repair_unknown_gpus(d, reporter, &body, &reply);
+                if !(repaired && reply.rejected.iter().all(send::Rejected::is_unknown_gpu)) {
+                    d.refused += 1;
+                }
                 tracing::error!(
                     status,
                     too_large,
@@ -409,13 +426,14 @@ fn deliver(d: &mut Delivery, reporter: &mut Reporter, until: Option<Instant>) {
 
 /// When the server refused samples or allocations because it does not know their GPU (its
 /// database was reset, or the inventory body was dropped from a full buffer), send the
-/// inventory again together with exactly those records, ahead of everything else.
+/// inventory again together with exactly those records, ahead of everything else. True when
+/// such a repair body was queued.
 fn repair_unknown_gpus(
     d: &mut Delivery,
     reporter: &mut Reporter,
     body: &PushBody,
     reply: &send::Reply,
-) {
+) -> bool {
     let mut fix = PushBody::default();
     let mut uuids = BTreeSet::new();
     for r in reply.rejected.iter().filter(|r| r.is_unknown_gpu()) {
@@ -438,12 +456,12 @@ fn repair_unknown_gpus(
     // If the body already carried those GPUs, sending them again would not help.
     uuids.retain(|u| !body.gpus.iter().any(|g| &g.uuid == u));
     if uuids.is_empty() {
-        return;
+        return false;
     }
     fix.gpus = reporter.inventory_for(uuids.iter().map(String::as_str));
     reporter.force_inventory();
     if fix.gpus.is_empty() {
-        return;
+        return false;
     }
     tracing::info!(
         gpus = fix.gpus.len(),
@@ -452,12 +470,17 @@ fn repair_unknown_gpus(
         "the server did not know some GPUs; re-sending their inventory with the refused records"
     );
     match serde_json::to_vec(&fix) {
-        Ok(json) => {
-            if let Err(e) = d.queue.push_front(&json) {
+        Ok(json) => match d.queue.push_front(&json) {
+            Ok(_) => true,
+            Err(e) => {
                 tracing::warn!(error = %e, "could not buffer the repair body");
+                false
             }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "could not encode the repair body");
+            false
         }
-        Err(e) => tracing::warn!(error = %e, "could not encode the repair body"),
     }
 }
 

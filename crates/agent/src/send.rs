@@ -1,6 +1,7 @@
 //! Sending bodies to `POST /api/v1/ingest` and deciding what an answer means: delivered,
-//! refused for good (400, 413, a 403 naming records — never retried, the server's reasons are
-//! logged), or worth retrying later (network errors, 5xx, 429 with its `Retry-After`, 401).
+//! refused for good (400, 413, 415, 422 when no record could be kept, a 403 naming records —
+//! never retried, the server's reasons are logged), or worth retrying later (network errors,
+//! 5xx, 429 with its `Retry-After`, 401).
 //!
 //! Retries wait with exponential backoff and jitter ([`Backoff`]) so that a fleet coming back
 //! from an outage does not arrive all at once.
@@ -315,6 +316,14 @@ mod tests {
                 too_large: false,
                 ..
             }
+        ));
+        assert!(matches!(
+            classify(
+                422,
+                r#"{"error":"no record in the body could be kept","rejected":[{"path":"samples[0].ts","reason":"is in the future"}]}"#,
+                None
+            ),
+            Outcome::Refused { status: 422, reply, .. } if reply.rejected.len() == 1
         ));
         assert!(matches!(
             classify(413, "{}", None),

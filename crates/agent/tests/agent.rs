@@ -182,6 +182,12 @@ struct Server {
 
 impl Server {
     fn start(db: &Path, port: u16) -> Server {
+        Server::start_at(db, port, chrono::Duration::zero())
+    }
+
+    /// A server whose clock is `behind` the real one: what the agent reads now is, to it, in
+    /// the future.
+    fn start_at(db: &Path, port: u16, behind: chrono::Duration) -> Server {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -206,7 +212,8 @@ impl Server {
             (store, listener)
         });
         let port = listener.local_addr().unwrap().port();
-        let state = AppState::new(store.clone(), WebConfig::default());
+        let mut state = AppState::new(store.clone(), WebConfig::default());
+        state.clock = Arc::new(move || chrono::Utc::now() - behind);
         rt.spawn(gpuledger_web::serve(
             listener,
             state,
@@ -979,6 +986,49 @@ fn e2e_once_dry_run_prints_exactly_the_body_and_the_server_accepts_it_as_is() {
     assert_eq!(reply["accepted"]["gpus"], 1, "{reply}");
     assert_eq!(reply["accepted"]["samples"], 1, "{reply}");
     assert_eq!(reply["rejected"], serde_json::json!([]));
+    server.stop();
+}
+
+/// Issue 19: a body the server refuses whole (422: no record could be kept, here because the
+/// server's clock is a day behind and every reading is "in the future") is logged and dropped,
+/// never retried, and `--once` exits non-zero.
+#[test]
+fn e2e_once_with_every_record_refused_logs_drops_and_fails() {
+    let c = require_corpus!();
+    let tmp = TempDir::new("e2e-422");
+    let bin = fake_smi(&tmp.0);
+    let server = Server::start_at(&tmp.0.join("g.db"), 0, chrono::Duration::days(1));
+    let token = server.token("skewed");
+    let buf = tmp.0.join("buf");
+    let started = Instant::now();
+    let out = agent(&bin)
+        .args(["--once", "--server", &server.base(), "--token", &token])
+        .args([
+            "--source",
+            "smi-xml",
+            "--no-processes",
+            "--retry-max-secs",
+            "1",
+        ])
+        .arg("--buffer-dir")
+        .arg(&buf)
+        .env("FAKE_SMI_XML", smi_file(&c, "a10g.xml"))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("status=422"), "{log}");
+    assert!(
+        log.contains("is in the future"),
+        "the reasons are logged: {log}"
+    );
+    assert!(log.contains("refused 1 bodies for good"), "{log}");
+    assert!(
+        buffered(&buf).is_empty(),
+        "the refused body is dropped, not retried"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "no retry loop");
+    assert_eq!(get_json(&server.base(), "/api/v1/gpus")["count"], 0);
     server.stop();
 }
 

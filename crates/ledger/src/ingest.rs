@@ -71,9 +71,10 @@ pub fn decode_body(
             limit: limits.max_body_bytes,
         });
     }
+    // Codings are case-insensitive; an empty one is no coding the document lists (415).
     let encoding = content_encoding
         .map(|e| e.trim().to_ascii_lowercase())
-        .filter(|e| !e.is_empty() && e != "identity");
+        .filter(|e| e != "identity");
     let owned;
     let json_bytes: &[u8] = match encoding.as_deref() {
         None => bytes,
@@ -206,9 +207,16 @@ pub struct Validated {
     pub samples: Vec<(usize, PushSample)>,
     pub allocations: Vec<(usize, PushAllocation)>,
     pub rejections: Vec<Rejection>,
+    /// The body itself is malformed: it has a key other than the three lists, or a list that
+    /// is not an array. Such a body is refused whole, so that a misspelt list name never
+    /// passes as a partly accepted push.
+    pub malformed: bool,
 }
 
+/// The most characters of a text field, a label's key or a label's value (characters, as the
+/// document's `maxLength` counts them).
 const MAX_TEXT: usize = 256;
+/// The most entries of a map of labels or annotations.
 const MAX_LABELS: usize = 64;
 
 /// The oldest and newest times a pushed or collected record may carry, from the server's
@@ -298,6 +306,8 @@ fn validate(
 ) -> Validated {
     let mut out = Validated::default();
     for (key, value) in body {
+        // A list that is not an array (`each` names it) leaves the body malformed.
+        out.malformed |= !matches!(value, Value::Array(_) | Value::Null);
         match key.as_str() {
             "gpus" => each(&key, value, &mut out.rejections, |path, gpu: PushGpu| {
                 check_gpu(path, &gpu, bounds).map(|()| gpu)
@@ -319,14 +329,17 @@ fn validate(
             )
             .into_iter()
             .for_each(|r| out.allocations.push(r)),
-            other => out.rejections.push(Rejection::new(
-                if other.is_empty() {
-                    "\"\"".into()
-                } else {
-                    echo(other)
-                },
-                "unknown field; a body may carry only `gpus`, `samples` and `allocations`",
-            )),
+            other => {
+                out.malformed = true;
+                out.rejections.push(Rejection::new(
+                    if other.is_empty() {
+                        "\"\"".into()
+                    } else {
+                        echo(other)
+                    },
+                    "unknown field; a body may carry only `gpus`, `samples` and `allocations`",
+                ))
+            }
         }
     }
     out
@@ -432,10 +445,11 @@ fn text(path: &str, field: &str, value: Option<&str>) -> Result<(), Rejection> {
                 "must not be blank; leave it out when unknown",
             ));
         }
-        if v.len() > MAX_TEXT {
+        let chars = v.chars().count();
+        if chars > MAX_TEXT {
             return Err(Rejection::new(
                 format!("{path}.{field}"),
-                format!("must be at most {MAX_TEXT} bytes, got {}", v.len()),
+                format!("must be at most {MAX_TEXT} characters, got {chars}"),
             ));
         }
     }
@@ -589,10 +603,14 @@ fn labels(path: &str, map: &BTreeMap<String, String>) -> Result<(), Rejection> {
         ));
     }
     for (k, v) in map {
-        if k.is_empty() || k.len() > MAX_TEXT || v.len() > MAX_TEXT {
+        let too_long = |s: &str| s.chars().count() > MAX_TEXT;
+        if k.is_empty() || too_long(k) || too_long(v) {
             return Err(Rejection::new(
                 format!("{path}.{}", echo(k)),
-                format!("keys must be 1..={MAX_TEXT} bytes and values at most {MAX_TEXT} bytes"),
+                format!(
+                    "keys must be 1..={MAX_TEXT} characters and values at most {MAX_TEXT} \
+                     characters"
+                ),
             ));
         }
     }

@@ -8,6 +8,7 @@ use axum::Json;
 use gpuledger_ledger::{echo, GroupBy};
 use gpuledger_model::{GpuView, SummaryGroup};
 
+use crate::contract;
 use crate::csv::Csv;
 use crate::params::{Params, ReadScope};
 use crate::{error, AppState};
@@ -84,7 +85,7 @@ pub async fn gpus(
     scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let mut p = match Params::parse(q.as_deref(), &["format", "include_mig"]) {
+    let mut p = match Params::parse_api(q.as_deref(), &contract::GPUS) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
@@ -115,13 +116,10 @@ pub async fn gpu(
     scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let p = match Params::parse(q.as_deref(), &["from", "to", "range", "format"]) {
+    let p = match Params::parse_api(q.as_deref(), &contract::GPU) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
-    if !p.filters.is_empty() {
-        return bad_request("filters do not apply to one GPU; use /api/v1/gpus to filter".into());
-    }
     let now = state.now();
     let detail = match state.store.gpu_detail(&uuid, p.window(now), now).await {
         // Another team's GPU is, to a scoped token, no GPU at all.
@@ -210,7 +208,7 @@ pub async fn summary(
     scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let mut p = match Params::parse(q.as_deref(), &["from", "to", "range", "group_by", "format"]) {
+    let mut p = match Params::parse_api(q.as_deref(), &contract::SUMMARY) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
@@ -247,13 +245,10 @@ pub async fn sources(
     if scope.is_limited() {
         return forbidden(scope.refusal("sources"));
     }
-    let p = match Params::parse(q.as_deref(), &["format"]) {
+    let p = match Params::parse_api(q.as_deref(), &contract::SOURCES) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
-    if !p.filters.is_empty() {
-        return bad_request("sources are not filtered by GPU attributes".into());
-    }
     let list = match state.store.sources(state.now()).await {
         Ok(l) => l,
         Err(e) => return internal(e),
@@ -301,12 +296,8 @@ pub async fn billing(
     if scope.is_limited() {
         return forbidden(scope.refusal("billing exports"));
     }
-    match Params::parse(q.as_deref(), &[]) {
-        Err(e) => return bad_request(e),
-        Ok(p) if !p.filters.is_empty() => {
-            return bad_request("billing exports are not filtered by GPU attributes".into())
-        }
-        Ok(_) => {}
+    if let Err(e) = Params::parse_api(q.as_deref(), &contract::BILLING) {
+        return bad_request(e);
     }
     match state.store.billing_files().await {
         Ok(files) => Json(serde_json::json!({ "items": files })).into_response(),
@@ -320,7 +311,7 @@ pub async fn teams(
     scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let mut p = match Params::parse(q.as_deref(), &[]) {
+    let mut p = match Params::parse_api(q.as_deref(), &contract::TEAMS) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
@@ -365,7 +356,7 @@ pub async fn used_by(
     scope: ReadScope,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let mut p = match Params::parse(q.as_deref(), &["from", "to", "range"]) {
+    let mut p = match Params::parse_api(q.as_deref(), &contract::USED_BY) {
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };

@@ -2,9 +2,11 @@
 //!
 //! Order of checks: token (401, before a byte of the body is read), declared size (413, before
 //! the body too), the body within the body timeout (408) and the size limit (413), decoding
-//! (400), then record by record. The reply is 200 with per-list counts and every rejected
-//! record's path and reason, or 403 when the token was not allowed to write anything in the
-//! body. A refusal sent before the whole body was read closes the connection.
+//! (400), the body's shape (422 for a key other than the three lists, or a list that is not an
+//! array: nothing kept), then record by record. The reply is 200 with per-list counts and
+//! every rejected record's path and reason when any record was kept; when none was, 403 if the
+//! token was not allowed to write them, else 422. A refusal sent before the whole body was read
+//! closes the connection.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -12,7 +14,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gpuledger_ledger::{decode_body, DecodeError, TimeBounds};
-use gpuledger_store::{Role, TokenInfo};
+use gpuledger_store::{IngestOutcome, Role, TokenInfo};
 use serde_json::{json, Value};
 
 use crate::{bearer, AppState};
@@ -97,6 +99,18 @@ async fn ingest_authenticated(
     };
     let now = state.now();
     let validated = TimeBounds::new(now, state.store.settings()).validate_body(body);
+    if validated.malformed {
+        let outcome = IngestOutcome {
+            rejected: validated.rejections,
+            ..Default::default()
+        };
+        return refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &outcome,
+            "the body may carry only the lists `gpus`, `samples` and `allocations`, each an \
+             array; nothing was kept, see `rejected`",
+        );
+    }
     let kind = match user_agent {
         Some(ua) if ua.starts_with("gpuledger-agent") => "agent",
         Some(ua) if ua.starts_with("gpuledger-demo") => "demo",
@@ -128,15 +142,33 @@ async fn ingest_authenticated(
             "push had rejected records"
         );
     }
-    let status = if outcome.nothing_allowed() {
-        StatusCode::FORBIDDEN
-    } else {
-        StatusCode::OK
-    };
-    let mut body = serde_json::to_value(&outcome).unwrap_or_default();
-    if status == StatusCode::FORBIDDEN {
-        body["error"] = json!("this token may not write any record in the body; see `rejected`");
+    let a = outcome.accepted;
+    if a.gpus + a.samples + a.allocations > 0 || outcome.rejected.is_empty() {
+        return IngestReply {
+            status: StatusCode::OK,
+            body: serde_json::to_value(&outcome).unwrap_or_default(),
+        };
     }
+    // Nothing kept: a client, or `curl -f`, must notice.
+    if outcome.nothing_allowed() {
+        refused(
+            StatusCode::FORBIDDEN,
+            &outcome,
+            "this token may not write any record in the body; see `rejected`",
+        )
+    } else {
+        refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &outcome,
+            "no record in the body could be kept; fix the records named in `rejected`",
+        )
+    }
+}
+
+/// A reply that kept nothing: the usual counts and rejections, and `error` saying why.
+fn refused(status: StatusCode, outcome: &IngestOutcome, error: &str) -> IngestReply {
+    let mut body = serde_json::to_value(outcome).unwrap_or_default();
+    body["error"] = json!(error);
     IngestReply { status, body }
 }
 

@@ -5,6 +5,7 @@
 //! makes every read need a viewer token. Writing always needs an ingest token.
 
 mod api;
+mod contract;
 mod csv;
 mod ingest;
 mod metrics;
@@ -234,6 +235,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/static/{file}", get(ui::asset))
         .route("/readyz", get(readyz))
+        .route_layer(middleware::from_fn(contract::refuse_unknown_query))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::track,

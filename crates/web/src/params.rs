@@ -1,10 +1,13 @@
 //! Query-string parameters shared by the API and the pages: filters (each may repeat, or hold
 //! comma-separated values), the window, grouping and output format. Unknown parameters are
-//! refused so that a typo never silently widens a query.
+//! refused so that a typo never silently widens a query; the API's parameters are read as
+//! its document (`openapi.json`) states them.
 
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use gpuledger_ledger::GroupBy;
 use gpuledger_store::{Filters, Window};
+
+use crate::contract::Operation;
 
 /// What a team-scoped viewer token may read: its teams' GPUs and the figures of those GPUs.
 /// The viewer middleware puts it in the request's extensions; absent, or with no teams, reads
@@ -143,13 +146,56 @@ pub struct Params {
     pub extra: std::collections::BTreeMap<String, String>,
 }
 
+/// `range`: a number of days from 1 to [`MAX_RANGE_DAYS`], written without a sign or leading
+/// zeros (`7d`). The document states it as this pattern; a test holds the parser to it.
+#[cfg(test)]
+pub const RANGE_PATTERN: &str = "^([1-9]|[1-9][0-9]|[1-6][0-9][0-9]|7[0-2][0-9]|730)d$";
+pub const MAX_RANGE_DAYS: i64 = 730;
+
+/// How an empty value reads. On a page an empty form field (an unset date in the filter bar)
+/// is not given; the API refuses it like any other malformed value, as its document says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Empty {
+    Absent,
+    Refused,
+}
+
 impl Params {
-    /// Parse `raw` allowing only the names in `allowed` (filters are always allowed).
+    /// A page's query: `allowed` names the page's own parameters (filters are always allowed),
+    /// and an empty `from`, `to` or `range` is not given.
     pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Params, String> {
+        Params::parse_with(raw, Empty::Absent, |name| {
+            if Filters::KEYS.contains(&name) || allowed.contains(&name) {
+                return None;
+            }
+            let mut known = Filters::KEYS.to_vec();
+            known.extend_from_slice(allowed);
+            Some(format!(
+                "unknown query parameter `{}`; this endpoint takes: {}",
+                gpuledger_ledger::echo(name),
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// An API operation's query, by its entry in the contract: only the parameters it takes,
+    /// each value as its document states it (an empty one is refused).
+    pub fn parse_api(raw: Option<&str>, op: &Operation) -> Result<Params, String> {
+        Params::parse_with(raw, Empty::Refused, |name| op.unknown(name))
+    }
+
+    /// Parse `raw`; `unknown` gives the refusal of a name that is not taken.
+    fn parse_with(
+        raw: Option<&str>,
+        empty: Empty,
+        unknown: impl Fn(&str) -> Option<String>,
+    ) -> Result<Params, String> {
         let mut p = Params::default();
         for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            let list = p.filters.values_mut(&k);
-            if let Some(list) = list {
+            if let Some(refusal) = unknown(&k) {
+                return Err(refusal);
+            }
+            if let Some(list) = p.filters.values_mut(&k) {
                 for part in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                     if !list.iter().any(|x| x == part) {
                         list.push(part.to_string());
@@ -157,98 +203,110 @@ impl Params {
                 }
                 continue;
             }
-            // An empty form field (an unset date in the filter bar) means "not given".
-            if v.is_empty()
-                && ["from", "to", "range"].contains(&k.as_ref())
-                && allowed.contains(&k.as_ref())
-            {
+            if v.is_empty() && empty == Empty::Absent && ["from", "to", "range"].contains(&&*k) {
                 continue;
             }
-            if !allowed.contains(&k.as_ref()) {
-                let mut known = Filters::KEYS.to_vec();
-                known.extend_from_slice(allowed);
-                return Err(format!(
-                    "unknown query parameter `{k}`; this endpoint takes: {}",
-                    known.join(", ")
-                ));
-            }
-            match k.as_ref() {
-                "from" => p.from = Some(parse_time("from", &v)?),
-                "to" => p.to = Some(parse_time("to", &v)?),
-                "group_by" => {
-                    p.group_by = Some(GroupBy::parse(&v).ok_or_else(|| {
-                        format!(
-                            "group_by: must be one of {}, got `{v}`",
-                            GroupBy::NAMES.join(", ")
-                        )
-                    })?)
-                }
-                "format" => {
-                    p.csv = match v.as_ref() {
-                        "csv" => true,
-                        "json" => false,
-                        other => {
-                            return Err(format!("format: must be `json` or `csv`, got `{other}`"))
-                        }
-                    }
-                }
-                "range" => {
-                    let days = v
-                        .strip_suffix('d')
-                        .and_then(|d| d.parse::<i64>().ok())
-                        .filter(|d| (1..=730).contains(d));
-                    p.range_days = Some(days.ok_or_else(|| {
-                        format!("range: must be a number of days like `7d` (1d to 730d), got `{v}`")
-                    })?);
-                }
-                "include_mig" => {
-                    p.include_mig = match v.as_ref() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        other => {
-                            return Err(format!(
-                                "include_mig: must be `true` or `false`, got `{other}`"
-                            ))
-                        }
-                    }
-                }
-                other => {
-                    p.extra.insert(other.to_string(), v.to_string());
-                }
-            }
-        }
-        if let (Some(f), Some(t)) = (p.from, p.to) {
-            if f >= t {
-                return Err("from: must be before `to`".into());
-            }
+            p.set(&k, &v)?;
         }
         Ok(p)
     }
 
+    /// Set parameter `k` (not a filter) from its value `v`.
+    fn set(&mut self, k: &str, v: &str) -> Result<(), String> {
+        let e = gpuledger_ledger::echo(v);
+        match k {
+            "from" => self.from = Some(parse_time("from", v)?),
+            "to" => self.to = Some(parse_time("to", v)?),
+            "group_by" => {
+                self.group_by = Some(GroupBy::parse(v).ok_or_else(|| {
+                    format!(
+                        "group_by: must be one of {}, got `{e}`",
+                        GroupBy::NAMES.join(", ")
+                    )
+                })?)
+            }
+            "format" => {
+                self.csv = match v {
+                    "csv" => true,
+                    "json" => false,
+                    _ => return Err(format!("format: must be `json` or `csv`, got `{e}`")),
+                }
+            }
+            "range" => {
+                self.range_days = Some(parse_range(v).ok_or_else(|| {
+                    format!(
+                        "range: must be a number of days like `7d` (1d to {MAX_RANGE_DAYS}d, no \
+                         leading zeros), got `{e}`"
+                    )
+                })?)
+            }
+            "include_mig" => {
+                self.include_mig = match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(format!("include_mig: must be `true` or `false`, got `{e}`")),
+                }
+            }
+            other => {
+                self.extra.insert(other.to_string(), v.to_string());
+            }
+        }
+        Ok(())
+    }
+
     /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now`: one default for
-    /// every page and endpoint, so a figure reads the same wherever it is shown.
+    /// every page and endpoint, so a figure reads the same wherever it is shown. A `from` at
+    /// or after `to` (given, or now) makes an empty window, answered with nothing in it.
     pub fn window(&self, now: DateTime<Utc>) -> Window {
         let to = self.to.unwrap_or(now);
         let from = self
             .from
             .unwrap_or(to - Duration::days(self.range_days.unwrap_or(DEFAULT_RANGE_DAYS)));
         Window {
-            from: from.timestamp(),
+            from: from.timestamp().min(to.timestamp()),
             to: to.timestamp(),
         }
     }
 }
 
-/// RFC 3339 (`2026-12-02T10:00:00Z`) or a date (`2026-12-02`, midnight UTC).
-fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, String> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(v) {
-        return Ok(t.with_timezone(&Utc));
+/// `range`'s days, when `v` matches [`RANGE_PATTERN`].
+fn parse_range(v: &str) -> Option<i64> {
+    let digits = v.strip_suffix('d')?;
+    if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
-    if let Ok(d) = NaiveDate::parse_from_str(v, "%Y-%m-%d") {
-        return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+    digits
+        .parse::<i64>()
+        .ok()
+        .filter(|d| (1..=MAX_RANGE_DAYS).contains(d))
+}
+
+/// An RFC 3339 date-time (`2026-12-02T10:00:00Z`, any offset) or a full date (`2026-12-02`,
+/// midnight UTC): the document's `date-time` and `date` formats, and nothing looser.
+fn parse_time(name: &str, v: &str) -> Result<DateTime<Utc>, String> {
+    let b = v.as_bytes();
+    let date_shaped = b.len() >= 10
+        && b[..10].iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    if date_shaped && b.len() > 10 && matches!(b[10], b'T' | b't') {
+        if let Ok(t) = DateTime::parse_from_rfc3339(v) {
+            return Ok(t.with_timezone(&Utc));
+        }
+    }
+    if date_shaped && b.len() == 10 {
+        if let Ok(d) = NaiveDate::parse_from_str(v, "%Y-%m-%d") {
+            return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+        }
     }
     Err(format!(
-        "{name}: must be an RFC 3339 time like 2026-12-02T10:00:00Z or a date like 2026-12-02, got `{v}`"
+        "{name}: must be an RFC 3339 time like 2026-12-02T10:00:00Z or a date like 2026-12-02, \
+         got `{}`",
+        gpuledger_ledger::echo(v)
     ))
 }
 
@@ -293,9 +351,79 @@ mod tests {
         assert!(Params::parse(Some("group_by=x"), &["group_by"])
             .unwrap_err()
             .starts_with("group_by:"));
-        assert!(Params::parse(Some("from=2026-12-02&to=2026-12-01"), &["from", "to"]).is_err());
         let p = Params::parse(Some("from=2026-12-01&to="), &["from", "to"]).unwrap();
         assert!(p.to.is_none(), "an empty form field is not given");
         assert_eq!(p.from.unwrap().to_rfc3339(), "2026-12-01T00:00:00+00:00");
+    }
+
+    #[test]
+    fn the_api_refuses_empty_values_and_names_what_it_does_not_take() {
+        use crate::contract::{GPU, SUMMARY};
+        for q in ["range=", "from=", "to=", "format=", "group_by="] {
+            let e = Params::parse_api(Some(q), &SUMMARY).unwrap_err();
+            assert!(e.starts_with(q.trim_end_matches('=')), "{q}: {e}");
+        }
+        let e = Params::parse_api(Some("team=nlp"), &GPU).unwrap_err();
+        assert!(e.contains("unknown query parameter `team`"), "{e}");
+        let long = "x".repeat(500);
+        let e = Params::parse_api(Some(&format!("{long}=1")), &GPU).unwrap_err();
+        assert!(e.len() < 300, "the echoed name is bounded: {e}");
+    }
+
+    #[test]
+    fn a_reversed_window_is_empty() {
+        let now: DateTime<Utc> = "2026-12-02T12:00:00Z".parse().unwrap();
+        let p = Params::parse(Some("from=2026-12-02&to=2026-12-01"), &["from", "to"]).unwrap();
+        let w = p.window(now);
+        assert_eq!(w.from, w.to);
+        let p = Params::parse(Some("from=2030-01-01"), &["from"]).unwrap();
+        assert_eq!(p.window(now).from, now.timestamp());
+    }
+
+    #[test]
+    fn range_is_exactly_its_pattern() {
+        let pattern = regex::Regex::new(RANGE_PATTERN).unwrap();
+        let mut candidates: Vec<String> = (0..=1000).map(|n| format!("{n}d")).collect();
+        candidates.extend(
+            [
+                "", "d", "7", "07d", "+7d", "-7d", " 7d", "7d ", "7D", "1e2d", "٣d", "0730d",
+            ]
+            .map(String::from),
+        );
+        for c in &candidates {
+            assert_eq!(
+                parse_range(c).is_some(),
+                pattern.is_match(c),
+                "range `{c}`: the parser and the document's pattern disagree"
+            );
+        }
+        assert_eq!(parse_range("730d"), Some(MAX_RANGE_DAYS));
+    }
+
+    #[test]
+    fn times_are_date_time_or_date_and_nothing_looser() {
+        for ok in [
+            "2026-12-02T10:00:00Z",
+            "2026-12-02t10:00:00z",
+            "2026-12-02T10:00:00.123456+05:30",
+            "0001-01-01T00:00:00+23:59",
+            "9999-12-31T23:59:59-23:59",
+            "2026-12-02",
+        ] {
+            assert!(parse_time("from", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "2026-12-02 10:00:00Z",
+            "2026-12-02T10:00:00",
+            "2024-01-01T12:99:00Z",
+            "2024-13-01",
+            "2026-1-2",
+            "+2026-12-02",
+            "20261202",
+            "yesterday",
+        ] {
+            assert!(parse_time("from", bad).is_err(), "{bad}");
+        }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Map: `ingest_*` the push contract of BRIEF section 3 (status codes, rejections, idempotency,
 //! scopes, limits, gzip); `query_*` the query API (filters, CSV, errors); `page_*` the pages;
-//! `auth_*` read tokens; `conn_*` slow, idle and oversized clients on raw connections.
+//! `auth_*` read tokens; `conn_*` slow, idle and oversized clients on raw connections;
+//! `contract_*` the OpenAPI document against the running server (`src/openapi.rs` checks it
+//! against the contract's table, the router and the validators).
 
 use std::io::Write;
 use std::time::Duration;
@@ -1214,8 +1216,12 @@ async fn ingest_a_huge_field_name_is_not_echoed_in_the_rejection_or_last_error()
                      {{"uuid": "{B}", "model": "T4", "{huge}": 1, "observed_at": "2026-12-02T10:30:00Z"}}],
             "samples": [{{"gpu_uuid": "{A}", "ts": "2026-12-02T10:40:00Z", "util_pct": "{huge}"}}]}}"#
     );
-    let (status, reply) = app.push(Some(&token), body.into_bytes(), false).await;
-    assert_eq!(status, 200, "{reply}");
+    // Nothing in it can be kept (issue 19: 422, not 200), and the unknown list name refuses
+    // it whole; every rejection is still named.
+    let (status, reply) = app
+        .push(Some(&token), body.clone().into_bytes(), false)
+        .await;
+    assert_eq!(status, 422, "{reply}");
     let rejected = reply["rejected"].as_array().unwrap();
     assert_eq!(rejected.len(), 4, "{reply}");
     for r in rejected {
@@ -1236,6 +1242,12 @@ async fn ingest_a_huge_field_name_is_not_echoed_in_the_rejection_or_last_error()
     let text = reply["rejected"].to_string();
     assert!(text.contains("unknown field"), "{text}");
     assert!(text.contains("expected one of"), "{text}");
+    // A malformed body never reaches the store; its records alone do, and are refused there
+    // with the source's last error kept.
+    let records = body.replacen(&format!(r#""{huge}": [],"#), "", 1);
+    let (status, reply) = app.push(Some(&token), records.into_bytes(), false).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["rejected"].as_array().unwrap().len(), 3, "{reply}");
     let sources = app.get_json("/api/v1/sources").await;
     let last_error = sources["items"][0]["last_error"].as_str().unwrap();
     assert!(
@@ -1676,4 +1688,223 @@ async fn conn_healthz_answers_while_300_slow_connections_are_held() {
         "{latencies:?}"
     );
     drop(held);
+}
+
+// ---------------------------------------------------------------------------------------------
+// contract_*: the OpenAPI document against the running server (issue 19).
+
+/// `v`, or what its `$ref` points at in `doc`.
+fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
+    match v["$ref"].as_str() {
+        Some(r) => doc.pointer(r.trim_start_matches('#')).unwrap(),
+        None => v,
+    }
+}
+
+/// Values a query parameter's schema allows and values it forbids.
+fn schema_probes(schema: &Value) -> (Vec<String>, Vec<String>) {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    if let Some(values) = schema["enum"].as_array() {
+        let ok = values.iter().map(|v| v.as_str().unwrap().into()).collect();
+        return (ok, s(&["__not_in_enum__", ""]));
+    }
+    if schema["anyOf"].is_array() {
+        return (
+            s(&[
+                "2026-12-01T10:00:00Z",
+                "2026-12-01T10:00:00+02:00",
+                "2026-12-01",
+            ]),
+            s(&["2024-01-01T12:99:00Z", "2024-13-01", "yesterday", ""]),
+        );
+    }
+    match schema["type"].as_str().unwrap() {
+        "boolean" => (s(&["true", "false"]), s(&["1", "no", ""])),
+        "integer" => {
+            let (min, max) = (
+                schema["minimum"].as_i64().unwrap(),
+                schema["maximum"].as_i64().unwrap(),
+            );
+            let ok = vec![min.to_string(), max.to_string()];
+            let bad = vec![
+                (min - 1).to_string(),
+                (max + 1).to_string(),
+                "1.5".into(),
+                "".into(),
+            ];
+            (ok, bad)
+        }
+        "string" => {
+            let example = schema["example"].as_str().unwrap();
+            (
+                s(&[example]),
+                s(&["", &format!("{example}*"), "0d", "731d", "+7d"]),
+            )
+        }
+        "array" => (s(&["anything", "a,b", ""]), vec![]),
+        other => panic!("no probes for {other}: {schema}"),
+    }
+}
+
+fn query(name: &str, value: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair(name, value)
+        .finish()
+}
+
+/// Every operation of the served document, on a server with two GPUs: each query parameter's
+/// allowed values are taken and its forbidden ones refused with 400 naming it; a parameter the
+/// document does not list is refused with 400 naming it (cut to 100 characters); each 200
+/// carries a content type the document lists for it.
+#[tokio::test]
+async fn contract_every_parameter_of_every_operation_is_answered_as_documented() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("p", &[]).await;
+    app.push(Some(&token), bytes(&inventory()), false).await;
+    let doc = app.get_json("/api/v1/openapi.json").await;
+    let long = "y".repeat(300);
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let url = path.replace("{uuid}", A);
+        for (method, op) in item.as_object().unwrap() {
+            let at = format!("{method} {path}");
+            // A parameter nobody lists, on every operation.
+            let unknown = format!("{url}?{long}=1");
+            let resp = app
+                .client
+                .request(
+                    method.to_uppercase().parse().unwrap(),
+                    format!("{}{unknown}", app.base),
+                )
+                .bearer_auth(&token)
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 400, "{at}: an unknown parameter");
+            let body: Value = resp.json().await.unwrap();
+            let e = body["error"].as_str().unwrap();
+            assert!(e.contains("unknown query parameter `yyy"), "{at}: {e}");
+            assert!(!e.contains(&"y".repeat(101)), "{at}: the name is cut: {e}");
+            if method != "get" {
+                continue;
+            }
+            let ok = &resolve(&doc, &op["responses"]["200"])["content"];
+            let resp = app
+                .client
+                .get(format!("{}{url}", app.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{at}");
+            let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+            let media = ct.split(';').next().unwrap().trim();
+            assert!(
+                ok.get(media).is_some(),
+                "{at}: answered {ct}, documented {ok}"
+            );
+            let params = op["parameters"].as_array().cloned().unwrap_or_default();
+            for p in params.iter().map(|p| resolve(&doc, p)) {
+                let name = p["name"].as_str().unwrap();
+                if p["in"] != "query" {
+                    continue;
+                }
+                let (allowed, forbidden) = schema_probes(&p["schema"]);
+                for v in allowed {
+                    let (status, body) = app.get(&format!("{url}?{}", query(name, &v))).await;
+                    assert_eq!(status, 200, "{at}: {name}={v:?} is allowed: {body}");
+                }
+                for v in forbidden {
+                    let (status, body) = app.get(&format!("{url}?{}", query(name, &v))).await;
+                    assert_eq!(status, 400, "{at}: {name}={v:?} is forbidden: {body}");
+                    assert!(body.contains(name), "{at}: {name}={v:?}: {body}");
+                }
+            }
+            if ok.get("text/csv").is_some() {
+                let resp = app
+                    .client
+                    .get(format!("{}{url}?format=csv", app.base))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(
+                    resp.headers()["content-type"]
+                        .to_str()
+                        .unwrap()
+                        .starts_with("text/csv"),
+                    "{at}"
+                );
+            }
+        }
+    }
+}
+
+/// Issue 19: a push none of whose records was kept answered 200, so `curl -f` and clients saw
+/// success. It is 422 with every rejection named; a partly kept one stays 200; a body with a
+/// key other than the three lists is refused whole.
+#[tokio::test]
+async fn contract_a_push_with_nothing_kept_is_422() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("p", &[]).await;
+    let (status, reply) = app
+        .push(
+            Some(&token),
+            bytes(&json!({"samples": [{"gpu_uuid": A}], "allocations": [{"gpu_uuid": A}]})),
+            false,
+        )
+        .await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["rejected"][0]["path"], "allocations[0]", "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("no record"),
+        "{reply}"
+    );
+    assert_eq!(
+        reply["accepted"],
+        json!({"gpus": 0, "samples": 0, "allocations": 0})
+    );
+    // Samples of a GPU never reported: refused by the store, still 422.
+    let (status, reply) = app
+        .push(
+            Some(&token),
+            bytes(
+                &json!({"samples": [{"gpu_uuid": A, "ts": "2026-12-02T11:00:00Z", "util_pct": 5}]}),
+            ),
+            false,
+        )
+        .await;
+    assert_eq!(status, 422, "{reply}");
+    // One record kept: 200 with the rest named.
+    let mut body = inventory();
+    body["samples"] = json!([{"gpu_uuid": A, "ts": "2026-12-02T11:00:00Z", "util_pct": 250}]);
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["rejected"][0]["path"], "samples[0].util_pct",
+        "{reply}"
+    );
+    // A misspelt list refuses the body whole: the GPU beside it is not kept.
+    let body = json!({
+        "gpus": [{"uuid": "GPU-cccccccc-0000-0000-0000-000000000003", "model": "T4",
+                  "observed_at": "2026-12-02T11:00:00Z"}],
+        "sampels": []
+    });
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["rejected"][0]["path"], "sampels", "{reply}");
+    assert_eq!(reply["accepted"]["gpus"], 0, "{reply}");
+    assert_eq!(app.get_json("/api/v1/gpus").await["count"], 2);
+    // An empty body keeps nothing and refuses nothing.
+    let (status, _) = app.push(Some(&token), b"{}".to_vec(), false).await;
+    assert_eq!(status, 200);
+    // `Content-Encoding` is gzip, x-gzip or identity; an empty one is no coding.
+    let resp = app
+        .client
+        .post(format!("{}/api/v1/ingest", app.base))
+        .bearer_auth(&token)
+        .header("content-encoding", "")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
 }

@@ -382,9 +382,17 @@ impl<K: Takes + Send> axum::extract::FromRequestParts<AppState> for Page<K> {
         parts: &mut axum::http::request::Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let mut allowed = vec!["from", "to", "range", "csv"];
-        allowed.extend_from_slice(K::PARAMS);
-        let mut p = Params::parse(parts.uri.query(), &allowed).map_err(PageError::bad_request)?;
+        // An API operation on a page's extractor (`/api/v1/savings`) reads its query as the
+        // contract says; a page also takes `csv` and treats empty form fields as not given.
+        let mut p = match crate::contract::operation(parts.uri.path()) {
+            Some(op) => Params::parse_api(parts.uri.query(), op),
+            None => {
+                let mut allowed = vec!["from", "to", "range", "csv"];
+                allowed.extend_from_slice(K::PARAMS);
+                Params::parse(parts.uri.query(), &allowed)
+            }
+        }
+        .map_err(PageError::bad_request)?;
         let scope = ReadScope::of(&parts.extensions);
         scope.apply(&mut p).map_err(PageError::forbidden)?;
         let now = state.now();
