@@ -72,3 +72,4 @@ export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.
 scripts/check-deploy.sh
 log "cargo test (PostgreSQL: $GPULEDGER_TEST_PG_URL)"
 cargo test --workspace --locked "$@"
+scripts/api-contract.sh
