@@ -76,3 +76,45 @@ fn causes(e: &reqwest::Error) -> String {
     }
     out
 }
+
+/// Whether `url` names a link-local address literally (169.254.0.0/16, fe80::/10): where
+/// clouds serve instance metadata and credentials, never a GPU exporter.
+pub(crate) fn is_link_local(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or("");
+    match host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+    {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
+        Ok(std::net::IpAddr::V6(ip)) => (ip.segments()[0] & 0xffc0) == 0xfe80,
+        Err(_) => false,
+    }
+}
+
+/// Redirects a collector follows: up to 5, and only to the same scheme, host and port as the
+/// URL it was configured with, so an endpoint cannot send the server to another host (a cloud
+/// metadata address, an internal service) and have it report what that answered.
+pub(crate) fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let first = attempt.previous().first().cloned();
+        let to = attempt.url();
+        let same = first.as_ref().is_some_and(|f| {
+            f.scheme() == to.scheme()
+                && f.host_str() == to.host_str()
+                && f.port_or_known_default() == to.port_or_known_default()
+        });
+        if attempt.previous().len() > 5 {
+            attempt.error("more than 5 redirects")
+        } else if !same || is_link_local(to) {
+            let msg = format!(
+                "redirected to another host ({}); collectors follow redirects only on the host \
+                 they were configured with",
+                to.host_str().unwrap_or("?")
+            );
+            attempt.error(msg)
+        } else {
+            attempt.follow()
+        }
+    })
+}

@@ -1094,3 +1094,74 @@ async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills()
     // The trait offers the same backfill to a server holding any collector.
     assert!(c.backfill(since).is_some());
 }
+
+/// Issue 14: an endpoint could redirect the collector to another host (a cloud metadata
+/// address, an internal service) and the server would read it. Redirects are followed only on
+/// the configured host; a link-local address (where clouds serve metadata) is refused as a URL.
+#[tokio::test]
+async fn collectors_follow_redirects_only_on_their_host_and_never_read_metadata_addresses() {
+    use axum::response::Redirect;
+    use axum::routing::get;
+    const UUID: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000001";
+    // The other host: a second listener, whose answer must never be read.
+    let other = axum::Router::new().route(
+        "/metrics",
+        get(|| async { format!("DCGM_FI_DEV_GPU_UTIL{{UUID=\"{UUID}\"}} 99\n") }),
+    );
+    let other_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_base = format!("http://localhost:{}", other_l.local_addr().unwrap().port());
+    let other_srv = tokio::spawn(async move { axum::serve(other_l, other).await.unwrap() });
+    let to_other = format!("{other_base}/metrics");
+    let app = axum::Router::new()
+        .route(
+            "/away",
+            get(move || {
+                let to = to_other.clone();
+                async move { Redirect::temporary(&to) }
+            }),
+        )
+        .route("/moved", get(|| async { Redirect::permanent("/metrics") }))
+        .route(
+            "/metrics",
+            get(|| async { format!("DCGM_FI_DEV_GPU_UTIL{{UUID=\"{UUID}\"}} 42\n") }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let c = build("dcgm", "x", &format!("endpoints = [\"{base}/away\"]\n")).unwrap();
+    let err = match c.collect_report().await {
+        Ok(r) => r
+            .problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("redirected to another host (localhost)"),
+        "{err}"
+    );
+    // A redirect on the same host is followed.
+    let c = build("dcgm", "x", &format!("endpoints = [\"{base}/moved\"]\n")).unwrap();
+    let obs = c.collect().await.unwrap();
+    assert!(
+        obs.iter().any(
+            |o| matches!(o, Observation::Sample { sample, .. } if sample.util_pct == Some(42.0))
+        ),
+        "{obs:?}"
+    );
+    for url in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fe80::1]:9400/metrics",
+    ] {
+        let err = build("dcgm", "x", &format!("endpoints = [\"{url}\"]\n"))
+            .err()
+            .unwrap_or_else(|| panic!("{url} was accepted"))
+            .to_string();
+        assert!(err.contains("is a link-local address"), "{url}: {err}");
+    }
+    server.abort();
+    other_srv.abort();
+}

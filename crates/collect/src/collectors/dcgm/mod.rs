@@ -159,6 +159,10 @@ impl DcgmConfig {
 
 fn http_url(key: &str, s: &str) -> Result<String, CollectError> {
     match reqwest::Url::parse(s.trim()) {
+        Ok(u) if crate::http::is_link_local(&u) => Err(CollectError::Config(format!(
+            "{key}: `{s}` is a link-local address, where clouds serve instance metadata and \
+             credentials; a collector never reads it"
+        ))),
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
             Ok(s.trim().to_string())
         }
@@ -204,6 +208,7 @@ impl DcgmCollector {
             .timeout(Duration::from_secs(config.timeout_secs))
             .connect_timeout(Duration::from_secs(config.timeout_secs.min(5)))
             .user_agent(concat!("gpuledger-dcgm/", env!("CARGO_PKG_VERSION")))
+            .redirect(crate::http::same_origin_redirects())
             .build()
             .map_err(|e| CollectError::Config(format!("cannot set up the HTTP client: {e}")))?;
         Ok(DcgmCollector {
