@@ -204,6 +204,52 @@ async fn authz_every_token_kind_against_every_read() {
     }
     println!("{table}");
     assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
+
+    // The sources page lists every token with its state and last use; one that never pushed
+    // shows "never", and the page never shows a token itself.
+    store
+        .create_token(Role::Ingest, "idle-cron", &[])
+        .await
+        .unwrap();
+    let page = client
+        .get(format!("{base}/sources"))
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let row = |source: &str| {
+        page.split("<tr")
+            .filter(|r| r.contains("<td>viewer</td>") || r.contains("<td>ingest</td>"))
+            .find(|r| r.contains(&format!("<td>{source}</td>")))
+            .unwrap_or_else(|| panic!("no token row for {source}"))
+            .to_string()
+    };
+    assert!(row("idle-cron").contains(">never<"), "{}", row("idle-cron"));
+    assert!(row("gone").contains(">revoked<"), "{}", row("gone"));
+    assert!(row("old").contains(">expired<"), "{}", row("old"));
+    let last_used = |source: &str| {
+        let r = row(source);
+        let cells: Vec<String> = r
+            .split("<td")
+            .skip(1)
+            .map(|c| {
+                let inner = c.split_once('>').map_or("", |x| x.1);
+                inner.split("</td>").next().unwrap_or("").to_string()
+            })
+            .collect();
+        cells.last().cloned().unwrap_or_default()
+    };
+    assert_eq!(last_used("idle-cron"), "never");
+    assert!(last_used("cron").starts_with("20"), "{}", row("cron"));
+    for secret in [&ingest, &viewer, &nlp, &revoked, &expired] {
+        assert!(
+            !page.contains(secret.as_str()),
+            "a token is shown on the sources page"
+        );
+    }
 }
 
 /// People in a browser behind an authenticating proxy: the user and groups it sets read what

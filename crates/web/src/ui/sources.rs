@@ -1,5 +1,6 @@
 //! The Sources page: each source's kind, last success, lag against the 1-hour objective, last
-//! error, and how many GPUs it reports.
+//! error, and how many GPUs it reports; then every token with its source, state and last use
+//! (one that never pushed shows "never").
 
 use askama::Template;
 use axum::extract::State;
@@ -13,6 +14,7 @@ use crate::AppState;
 pub struct SourcesPage {
     pub frame: Frame,
     pub table: Table,
+    pub tokens: Table,
 }
 
 pub async fn sources_page(
@@ -62,7 +64,48 @@ pub async fn sources_page(
             Cell::text(s.last_error.clone().unwrap_or_default()),
         ]);
     }
-    let page = SourcesPage { table, frame: f };
-    let tables = [&page.table];
+    let when = |t: Option<i64>| {
+        t.and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+            .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+    };
+    // Tokens expire by the wall clock, as the server checks them.
+    let now = chrono::Utc::now().timestamp();
+    let mut tokens = Table::new(
+        "tokens",
+        &f,
+        vec![
+            ncol("Id", "What `gpuledger token rotate` and `revoke` take."),
+            col("Role", "ingest: pushes; viewer: reads."),
+            col("Source", "The source its pushes report as."),
+            col("Teams", "The teams it may write or read; any: all."),
+            col("State", "active, expired or revoked."),
+            col("Expires", "When it stops working, if it does."),
+            col(
+                "Last used",
+                "When the server last accepted it (to the minute); never: not once.",
+            ),
+        ],
+    );
+    for t in state.store.list_tokens().await? {
+        tokens.push(vec![
+            Cell::num(t.id.to_string(), t.id as f64),
+            Cell::text(t.role),
+            Cell::text(t.source.clone()),
+            Cell::text(if t.teams.is_empty() {
+                "any".to_string()
+            } else {
+                t.teams.join(", ")
+            }),
+            Cell::text(t.state(now)),
+            Cell::text(when(t.expires_at).unwrap_or_else(|| "never".into())),
+            Cell::text(when(t.last_used_at).unwrap_or_else(|| "never".into())),
+        ]);
+    }
+    let page = SourcesPage {
+        table,
+        tokens,
+        frame: f,
+    };
+    let tables = [&page.table, &page.tokens];
     respond(&page, &tables, &p)
 }
