@@ -36,6 +36,14 @@ fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
 
 /// [`serve`] with extra environment variables.
 fn serve_with_env(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server, String) {
+    let (server, url) = serve_any(dir, extra, env);
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    (server, url)
+}
+
+/// Start `gpuledger serve` on a free port; returns it with the base URL its start-up line
+/// gives (`http://` or, with TLS configured, `https://`).
+fn serve_any(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server, String) {
     let mut child = bin()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
@@ -50,7 +58,6 @@ fn serve_with_env(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server
         .read_line(&mut line)
         .unwrap();
     let url = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
     (Server(child), url)
 }
 
@@ -1429,21 +1436,8 @@ async fn serve_https_and_reload_a_renewed_certificate() {
     )
     .unwrap();
     let token = token(&dir, &["--source", "cron"]);
-    let mut child = bin()
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&cfg)
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _server = Server(child);
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(base.starts_with("https://127.0.0.1:"), "{line}");
+    let (_server, base) = serve_any(&dir, &["--config", cfg.to_str().unwrap()], &[]);
+    assert!(base.starts_with("https://127.0.0.1:"), "{base}");
     let trusting = |pem: &[u8]| {
         reqwest::Client::builder()
             .use_rustls_tls()
