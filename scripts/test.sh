@@ -3,7 +3,7 @@
 # then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
 #
 # Needs: a Rust toolchain (cargo) and the corpus ($GPULEDGER_CORPUS, else ../shared/fixtures).
-# Installs when missing (Debian packages): PostgreSQL, Chromium with its WebDriver for the
+# Installs when missing (Debian packages): PostgreSQL, openssl, Chromium with its WebDriver for the
 # browser end-to-end test, and Prometheus for the dcgm collector's test (which starts its own
 # Prometheus on 127.0.0.1).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
@@ -49,6 +49,8 @@ ensure_packages() {
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  # The HTTPS test makes its certificates with it.
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     as_root apt-get update -qq
