@@ -233,6 +233,40 @@ pub fn normalize_url(url: &str) -> Result<(Backend, String)> {
     Ok((Backend::Sqlite, format!("sqlite://{path}?mode=rwc")))
 }
 
+/// The migrations of `backend` up to `version`, as one migrator.
+///
+/// Rolling upgrades: a replica of the previous release must keep starting and serving on a
+/// database that a newer replica has migrated, so the migrator ignores applied migrations it
+/// does not know (`ignore_missing`) instead of refusing to start, and every migration keeps what
+/// the previous release reads and writes (tables and columns stay; a column it adds to an
+/// existing table is nullable or has a default). `migrations_keep_what_the_previous_release_uses`
+/// checks the second half on both backends. Two replicas starting at once take turns: the
+/// migrator holds the database's migration lock.
+fn migrator(backend: Backend, version: i64) -> Migrator {
+    let list = match backend {
+        Backend::Sqlite => SQLITE_MIGRATIONS,
+        Backend::Postgres => POSTGRES_MIGRATIONS,
+    };
+    let migrations: Vec<Migration> = list
+        .iter()
+        .filter(|(v, _, _)| *v <= version)
+        .map(|(v, d, sql)| {
+            Migration::new(
+                *v,
+                Cow::Borrowed(*d),
+                MigrationType::Simple,
+                Cow::Borrowed(*sql),
+                false,
+            )
+        })
+        .collect();
+    Migrator {
+        migrations: Cow::Owned(migrations),
+        ignore_missing: true,
+        ..Migrator::DEFAULT
+    }
+}
+
 impl Store {
     /// Open (creating when missing) and migrate the database at `url`.
     pub async fn open(url: &str, settings: Settings) -> Result<Store> {
@@ -346,27 +380,7 @@ impl Store {
     }
 
     async fn migrate(&self) -> Result<()> {
-        let list = match self.backend {
-            Backend::Sqlite => SQLITE_MIGRATIONS,
-            Backend::Postgres => POSTGRES_MIGRATIONS,
-        };
-        let migrations: Vec<Migration> = list
-            .iter()
-            .map(|(v, d, sql)| {
-                Migration::new(
-                    *v,
-                    Cow::Borrowed(*d),
-                    MigrationType::Simple,
-                    Cow::Borrowed(*sql),
-                    false,
-                )
-            })
-            .collect();
-        let migrator = Migrator {
-            migrations: Cow::Owned(migrations),
-            ..Migrator::DEFAULT
-        };
-        migrator.run(&self.pool).await?;
+        migrator(self.backend, i64::MAX).run(&self.pool).await?;
         Ok(())
     }
 
@@ -664,5 +678,150 @@ mod tests {
             Backend::Postgres
         );
         assert!(normalize_url("mysql://h/db").is_err());
+    }
+
+    /// Columns of every table in the pool's database (schema): notnull, has a default.
+    async fn columns(
+        pool: &AnyPool,
+        backend: Backend,
+    ) -> std::collections::BTreeMap<(String, String), (bool, bool)> {
+        let sql = match backend {
+            Backend::Sqlite => {
+                "SELECT m.name, p.name, p.\"notnull\", CASE WHEN p.dflt_value IS NULL \
+                 THEN 0 ELSE 1 END FROM sqlite_master m, pragma_table_info(m.name) p \
+                 WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' \
+                 AND m.name <> '_sqlx_migrations'"
+            }
+            Backend::Postgres => {
+                "SELECT table_name::text, column_name::text, \
+                 CASE WHEN is_nullable::text = 'NO' THEN 1 ELSE 0 END, \
+                 CASE WHEN column_default IS NULL THEN 0 ELSE 1 END \
+                 FROM information_schema.columns WHERE table_schema = current_schema() \
+                 AND table_name::text <> '_sqlx_migrations'"
+            }
+        };
+        let rows: Vec<(String, String, i32, i32)> =
+            sqlx::query_as(sql).fetch_all(pool).await.unwrap();
+        rows.into_iter()
+            .map(|(t, c, nn, d)| ((t, c), (nn != 0, d != 0)))
+            .collect()
+    }
+
+    /// What each migration would break for a replica of the release before it, which keeps
+    /// serving during a rolling upgrade: a table or column it used that is gone, or a new
+    /// required column its inserts do not name.
+    async fn upgrade_breaks(pool: &AnyPool, backend: Backend) -> Vec<String> {
+        let list = match backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS,
+            Backend::Postgres => POSTGRES_MIGRATIONS,
+        };
+        let mut breaks = Vec::new();
+        let mut before = columns(pool, backend).await;
+        for (v, name, _) in list {
+            migrator(backend, *v).run(pool).await.unwrap();
+            let after = columns(pool, backend).await;
+            let tables_before: std::collections::BTreeSet<&String> =
+                before.keys().map(|(t, _)| t).collect();
+            for ((table, column), (notnull, default)) in &after {
+                let key = (table.clone(), column.clone());
+                match before.get(&key) {
+                    None if tables_before.contains(table) && *notnull && !*default => breaks
+                        .push(format!(
+                            "{v:04}_{name}: new column {table}.{column} is NOT NULL without a default"
+                        )),
+                    Some((false, _)) if *notnull && !*default => breaks.push(format!(
+                        "{v:04}_{name}: column {table}.{column} became NOT NULL without a default"
+                    )),
+                    _ => {}
+                }
+            }
+            for (table, column) in before.keys() {
+                if !after.contains_key(&(table.clone(), column.clone())) {
+                    breaks.push(format!("{v:04}_{name}: column {table}.{column} is gone"));
+                }
+            }
+            before = after;
+        }
+        breaks
+    }
+
+    /// Migrations that broke the rule before rolling upgrades were supported; none may join.
+    const BEFORE_ROLLING_UPGRADES: &[&str] = &[];
+
+    async fn check_upgrades(pool: AnyPool, backend: Backend) {
+        let breaks = upgrade_breaks(&pool, backend).await;
+        let new: Vec<&String> = breaks
+            .iter()
+            .filter(|b| !BEFORE_ROLLING_UPGRADES.iter().any(|old| b.starts_with(old)))
+            .collect();
+        assert!(
+            new.is_empty(),
+            "{backend:?}: a replica of the previous release could not keep serving: {new:#?}"
+        );
+        // A replica of the previous release starts on the migrated database: it knows one
+        // migration fewer than the database has applied.
+        let last = match backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS,
+            Backend::Postgres => POSTGRES_MIGRATIONS,
+        }
+        .last()
+        .unwrap()
+        .0;
+        migrator(backend, last - 1).run(&pool).await.unwrap();
+        // Without `ignore_missing` the same start is refused: the test can fail.
+        let mut strict = migrator(backend, last - 1);
+        strict.ignore_missing = false;
+        assert!(strict.run(&pool).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn migrations_keep_what_the_previous_release_uses() {
+        sqlx::any::install_default_drivers();
+        let dir = std::env::temp_dir().join(format!("gpuledger-upgrade-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("u.db");
+        let _ = std::fs::remove_file(&file);
+        let url = format!("sqlite://{}?mode=rwc", file.display());
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        check_upgrades(pool, Backend::Sqlite).await;
+
+        let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
+        if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
+            panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
+        }
+        let Some(pg) = pg else {
+            eprintln!("skipped: PostgreSQL half (set GPULEDGER_TEST_PG_URL to run it)");
+            return;
+        };
+        let schema = format!("t_upgrade_{}", std::process::id());
+        Store::drop_schema(&pg, &schema).await.unwrap();
+        let setup = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg)
+            .await
+            .unwrap();
+        setup
+            .execute(format!("CREATE SCHEMA {schema}").as_str())
+            .await
+            .unwrap();
+        setup.close().await;
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .after_connect(move |conn, _| {
+                let schema = schema.clone();
+                Box::pin(async move {
+                    conn.execute(format!("SET search_path TO {schema}").as_str())
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect(&pg)
+            .await
+            .unwrap();
+        check_upgrades(pool, Backend::Postgres).await;
     }
 }
