@@ -4,7 +4,9 @@
 //!
 //! A collector kind lives in `collectors/<kind>/` and is registered in [`KINDS`] and
 //! [`Settings`]; its kind string is also its config `type`, its telemetry tag and its test
-//! module. The fields every `[[collectors]]` entry shares are read once, by [`Entry::parse`].
+//! module. The fields every `[[collectors]]` entry shares are read once, by [`Entry::parse`];
+//! [`Entry::expand`] turns an entry into the collectors it stands for (one per kubeconfig file
+//! of a `kubeconfig_dir`).
 
 pub mod collectors;
 mod http;
@@ -284,6 +286,77 @@ impl Entry {
     pub fn build(&self) -> Result<Box<dyn Collector>, CollectError> {
         self.settings.build(&self.name)
     }
+
+    /// The collectors this entry stands for: itself, or for a `kubernetes` entry with
+    /// `kubeconfig_dir`, one per kubeconfig file in the folder, named `<name>-<file stem>`
+    /// (see [`collectors::kubernetes::read_kubeconfig_dir`]). The folder is read now, so that
+    /// a reload sees the files added or removed since.
+    pub fn expand(&self) -> Result<Expansion, CollectError> {
+        let Settings::Kubernetes(template) = &self.settings else {
+            return Ok(Expansion {
+                entries: vec![self.clone()],
+                skipped: Vec::new(),
+            });
+        };
+        let dir = collectors::kubernetes::read_kubeconfig_dir(&self.name, template)?;
+        Ok(Expansion {
+            entries: dir
+                .clusters
+                .into_iter()
+                .map(|(name, config)| Entry {
+                    name,
+                    interval_secs: self.interval_secs,
+                    settings: Settings::Kubernetes(config),
+                })
+                .collect(),
+            skipped: dir.skipped,
+        })
+    }
+
+    /// A file the collector reads once, when it starts (a kubeconfig): a running collector
+    /// does not see it change, so a reload restarts it when the file's content changed.
+    pub fn read_at_start(&self) -> Option<&std::path::Path> {
+        match &self.settings {
+            Settings::Kubernetes(c) => match &c.access {
+                collectors::kubernetes::Access::Kubeconfig { path, .. } => Some(path),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// One line saying what this collector reads, for `check-config`.
+    pub fn describe(&self) -> String {
+        use collectors::kubernetes::Access;
+        let what = match &self.settings {
+            Settings::Kubernetes(c) => match &c.access {
+                Access::Kubeconfig { path, .. } => {
+                    format!(", cluster `{}`, kubeconfig {}", c.cluster, path.display())
+                }
+                Access::InCluster => format!(", cluster `{}`, in cluster", c.cluster),
+                Access::Infer { .. } => {
+                    format!(", cluster `{}`, kubeconfig as kubectl finds it", c.cluster)
+                }
+                Access::KubeconfigDir { dir, .. } => format!(", kubeconfig_dir {}", dir.display()),
+            },
+            _ => String::new(),
+        };
+        format!(
+            "{} `{}`: every {} s{what}",
+            self.kind(),
+            self.name,
+            self.interval_secs
+        )
+    }
+}
+
+/// What one `[[collectors]]` entry stands for once the folder it names, if any, is read.
+#[derive(Debug, Default)]
+pub struct Expansion {
+    /// One entry per collector, each with its own source name.
+    pub entries: Vec<Entry>,
+    /// Files of the folder left out, each naming the file and why; the others are kept.
+    pub skipped: Vec<String>,
 }
 
 impl Settings {
@@ -460,6 +533,54 @@ mod tests {
             e[0].message.contains("unknown field `folder`") && e[0].message.contains("`dir`"),
             "{e:#?}"
         );
+    }
+
+    /// A `kubeconfig_dir` entry stands for one entry per file, each with the template's
+    /// interval; any other entry stands for itself.
+    #[test]
+    fn entries_expand_a_kubeconfig_dir_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-expand-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for stem in ["a", "b"] {
+            std::fs::write(
+                dir.join(format!("{stem}.kubeconfig")),
+                format!(
+                    "current-context: x\nclusters:\n- name: c\n  cluster:\n    server: https://{stem}\n\
+                     contexts:\n- name: x\n  context:\n    cluster: c\n"
+                ),
+            )
+            .unwrap();
+        }
+        let e = Entry::parse(&table(&format!(
+            "type = \"kubernetes\"\nname = \"k8s\"\ninterval_secs = 30\nkubeconfig_dir = \"{}\"\n",
+            dir.display()
+        )))
+        .unwrap();
+        assert_eq!(e.read_at_start(), None);
+        let x = e.expand().unwrap();
+        assert!(x.skipped.is_empty(), "{:?}", x.skipped);
+        let got: Vec<String> = x.entries.iter().map(Entry::describe).collect();
+        assert_eq!(
+            got,
+            [
+                format!(
+                    "kubernetes `k8s-a`: every 30 s, cluster `a`, kubeconfig {}",
+                    dir.join("a.kubeconfig").display()
+                ),
+                format!(
+                    "kubernetes `k8s-b`: every 30 s, cluster `b`, kubeconfig {}",
+                    dir.join("b.kubeconfig").display()
+                ),
+            ]
+        );
+        assert_eq!(
+            x.entries[1].read_at_start(),
+            Some(dir.join("b.kubeconfig").as_path())
+        );
+        let one = Entry::parse(&table("type = \"billing\"\nname = \"f\"\ndir = \"/x\"\n")).unwrap();
+        assert_eq!(one.expand().unwrap().entries, std::slice::from_ref(&one));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Only a configuration error stops a collector; what the source answered may be usable

@@ -866,6 +866,11 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
 
 /// Read and parse a config file, with every problem prefixed by the file name.
 pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+    load_text(path).map(|(cfg, _)| cfg)
+}
+
+/// [`load`], also returning the file's text.
+pub fn load_text(path: &std::path::Path) -> anyhow::Result<(Config, String)> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
     let mut cfg = parse(&text).map_err(|problems| {
@@ -884,7 +889,69 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
         // The good lines are kept: a bad line must not leave every GPU unowned.
         tracing::warn!(problem = %p, "assignments file");
     }
-    Ok(cfg)
+    Ok((cfg, text))
+}
+
+/// The top-level keys other than `collectors` whose values differ between two config texts
+/// (comments, layout and key order aside): the settings a reload does not apply. A text that
+/// does not parse counts as empty.
+pub fn changed_outside_collectors(old: &str, new: &str) -> Vec<String> {
+    let values = |text: &str| -> serde_json::Map<String, serde_json::Value> {
+        match ImDocument::parse(text) {
+            Ok(doc) => doc
+                .as_table()
+                .iter()
+                .filter(|(k, _)| *k != "collectors")
+                .map(|(k, item)| (k.to_string(), json_of_item(item)))
+                .collect(),
+            Err(_) => Default::default(),
+        }
+    };
+    let (old, new) = (values(old), values(new));
+    let mut keys: Vec<String> = old
+        .keys()
+        .chain(new.keys())
+        .filter(|k| old.get(*k) != new.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// A TOML item as JSON: equal for equal values however they are written.
+fn json_of_item(item: &Item) -> serde_json::Value {
+    use serde_json::Value as J;
+    let table = |t: &Table| {
+        J::Object(
+            t.iter()
+                .map(|(k, v)| (k.to_string(), json_of_item(v)))
+                .collect(),
+        )
+    };
+    match item {
+        Item::None => J::Null,
+        Item::Value(v) => json_of_value(v),
+        Item::Table(t) => table(t),
+        Item::ArrayOfTables(a) => J::Array(a.iter().map(table).collect()),
+    }
+}
+
+fn json_of_value(v: &Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        Value::String(s) => J::from(s.value().as_str()),
+        Value::Integer(i) => J::from(*i.value()),
+        Value::Float(f) => J::from(*f.value()),
+        Value::Boolean(b) => J::from(*b.value()),
+        Value::Datetime(d) => J::from(d.value().to_string()),
+        Value::Array(a) => J::Array(a.iter().map(json_of_value).collect()),
+        Value::InlineTable(t) => J::Object(
+            t.iter()
+                .map(|(k, v)| (k.to_string(), json_of_value(v)))
+                .collect(),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -1143,6 +1210,23 @@ max_connections = 2000
         ] {
             assert!(text.iter().any(|t| t.contains(want)), "{want}: {text:#?}");
         }
+    }
+
+    /// A reload applies only `[[collectors]]`: it names the other settings that changed, and
+    /// not those merely rewritten (comments, layout, an inline table for a table).
+    #[test]
+    fn a_reload_names_the_settings_it_does_not_apply() {
+        let old =
+            "listen = \"127.0.0.1:9000\"\n[rates]\nH100 = 9.8\n[server]\nmax_connections = 10\n\
+                   [[collectors]]\ntype = \"dcgm\"\nname = \"a\"\n";
+        let same = "# moved around, commented\nserver = { max_connections = 10 }\nlisten = '127.0.0.1:9000'\n\
+                    [rates]\n\"H100\" = 9.80   # the list price\n[[collectors]]\ntype = \"dcgm\"\nname = \"b\"\n";
+        assert!(changed_outside_collectors(old, same).is_empty());
+        let changed = "listen = \"127.0.0.1:9000\"\n[rates]\nH100 = 9.9\n[auth]\nread_requires_token = true\n";
+        assert_eq!(
+            changed_outside_collectors(old, changed),
+            ["auth", "rates", "server"]
+        );
     }
 
     #[test]

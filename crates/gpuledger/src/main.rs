@@ -205,6 +205,72 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// Log each kubeconfig file a `kubeconfig_dir` left out; the other files' collectors run.
+fn log_skipped(skipped: &[String]) {
+    for s in skipped {
+        tracing::error!(problem = %s, "kubeconfig file left out; fix or remove it and reload gpuledger");
+    }
+}
+
+/// On SIGHUP, re-read the config file and reconcile the running collectors with its
+/// `[[collectors]]` (see [`pull::Pulls::apply`]). A file that fails to parse, or whose
+/// collectors cannot be read or built, is refused as a whole and the running collectors go
+/// on. Only `[[collectors]]` reload: other settings take effect at the next start, and a
+/// reload that changes them says so. `started` is the config text `serve` started with.
+fn spawn_reloads(
+    config: Option<PathBuf>,
+    started: String,
+    mut pulls: pull::Pulls,
+) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups =
+            signal(SignalKind::hangup()).context("listening for SIGHUP (config reload)")?;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let Some(path) = &config else {
+                    tracing::warn!(
+                        "SIGHUP: serve runs without --config; there is nothing to reload"
+                    );
+                    continue;
+                };
+                tracing::info!(config = %path.display(), "SIGHUP: reloading the config's [[collectors]]");
+                if let Err(e) = reload(path, &started, &mut pulls).await {
+                    tracing::error!(config = %path.display(), error = %format!("{e:#}"), "config reload refused; the running collectors go on unchanged");
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (config, started, pulls);
+    Ok(())
+}
+
+/// One reload: see [`spawn_reloads`].
+async fn reload(
+    path: &std::path::Path,
+    started: &str,
+    pulls: &mut pull::Pulls,
+) -> anyhow::Result<()> {
+    let (cfg, text) = config::load_text(path)?;
+    let plan = pull::plan(&cfg.collectors)?;
+    let changed = config::changed_outside_collectors(started, &text);
+    if !changed.is_empty() {
+        tracing::warn!(settings = %changed.join(", "), "settings outside [[collectors]] differ from those serve started with; only [[collectors]] reload, the rest apply at the next restart");
+    }
+    log_skipped(&plan.skipped);
+    let changes = pulls.apply(plan).await;
+    tracing::info!(
+        started = changes.started.len(),
+        stopped = changes.stopped.len(),
+        restarted = changes.restarted.len(),
+        unchanged = changes.unchanged,
+        "config reloaded"
+    );
+    Ok(())
+}
+
 /// Prune past retention every hour while serving.
 fn spawn_maintenance(store: Store) {
     tokio::spawn(async move {
@@ -223,21 +289,25 @@ fn spawn_maintenance(store: Store) {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let cfg = load_config(args.db.config.as_ref())?;
+    let (cfg, text) = match &args.db.config {
+        Some(path) => config::load_text(path)?,
+        None => Default::default(),
+    };
     let url = database_url(args.db.database_url, &cfg);
     let listen = args
         .listen
         .or(cfg.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".into());
-    let collectors = pull::build_all(&cfg.collectors)?;
+    let plan = pull::plan(&cfg.collectors)?;
     let store = Store::open(&url, cfg.settings.clone())
         .await
         .with_context(|| format!("opening database {}", redacted(&url)))?;
     spawn_maintenance(store.clone());
-    for (collector, interval) in collectors {
-        tracing::info!(source = %collector.name(), kind = %collector.kind(), interval_secs = interval.as_secs(), "collector started");
-        pull::spawn(store.clone(), collector, interval);
-    }
+    log_skipped(&plan.skipped);
+    let mut pulls = pull::Pulls::new(store.clone());
+    pulls.apply(plan).await;
+    // Before the address is printed: from then on a SIGHUP reloads instead of ending the process.
+    spawn_reloads(args.db.config.clone(), text, pulls)?;
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
@@ -358,7 +428,24 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut failed = 0;
+    let mut entries = Vec::new();
     for entry in &cfg.collectors {
+        match entry.expand() {
+            Ok(x) => {
+                for s in &x.skipped {
+                    failed += 1;
+                    eprintln!("collector `{}` ({}): {s}", entry.name, entry.kind());
+                }
+                entries.extend(x.entries);
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("collector `{}` ({}): {e}", entry.name, entry.kind());
+            }
+        }
+    }
+    for entry in &entries {
+        eprintln!("collecting: {}", entry.describe());
         let result = match entry.build() {
             Ok(c) => c.collect_report().await,
             Err(e) => Err(e),
@@ -467,8 +554,13 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
         }
     };
     let mut problems = config::read_assignments(&mut cfg, &file);
-    if let Err(e) = pull::build_all(&cfg.collectors) {
-        problems.push(e.to_string());
+    let mut collectors = Vec::new();
+    match pull::plan(&cfg.collectors) {
+        Ok(plan) => {
+            problems.extend(plan.skipped.iter().cloned());
+            collectors.extend(plan.entries().map(|e| e.describe()));
+        }
+        Err(e) => problems.push(e.to_string()),
     }
     if !problems.is_empty() {
         for p in &problems {
@@ -482,7 +574,7 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
         "{}: ok ({} collector(s), {} rate override(s), {} instance price(s), {} on-prem \
          rate(s), {} ownership rule(s), {} assignment(s), {} team(s))",
         file.display(),
-        cfg.collectors.len(),
+        collectors.len(),
         r.overrides.len(),
         r.instance_overrides.len(),
         r.onprem.len(),
@@ -490,6 +582,9 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
         o.assignments.len(),
         cfg.web.teams.len()
     );
+    for c in &collectors {
+        println!("  collector {c}");
+    }
     Ok(())
 }
 

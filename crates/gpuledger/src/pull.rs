@@ -4,8 +4,10 @@
 //! the others go on; one whose configuration is wrong stops, saying what to fix. With several
 //! replicas on one PostgreSQL database, the collectors run only in the replica that holds the
 //! store's lease (see [`gpuledger_store::Lease`]): they stop when it is lost and start when it is
-//! gained.
+//! gained. [`Pulls`] keeps the running set, by source name, and reconciles it with the config
+//! on a reload.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -133,15 +135,76 @@ async fn canonical(path: &str) -> String {
         .unwrap_or_else(|_| path.to_string())
 }
 
-/// Build every configured collector, as `serve` runs them and `check-config` tries them; the
-/// error names every entry that could not be built.
-pub fn build_all(entries: &[Entry]) -> anyhow::Result<Vec<(Box<dyn Collector>, Duration)>> {
-    let mut built = Vec::with_capacity(entries.len());
+/// A collector as configured: its entry, and the content of the file it reads only when it
+/// starts (a kubeconfig), so that a reload can tell a rotated token from an unchanged file.
+#[derive(Debug, Clone, PartialEq)]
+struct Spec {
+    entry: Entry,
+    read_at_start: Option<Vec<u8>>,
+}
+
+impl Spec {
+    fn of(entry: Entry) -> Spec {
+        let read_at_start = entry.read_at_start().and_then(|p| std::fs::read(p).ok());
+        Spec {
+            entry,
+            read_at_start,
+        }
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs(self.entry.interval_secs)
+    }
+}
+
+/// The collectors a config's `[[collectors]]` stand for: each `kubeconfig_dir` read, every
+/// collector built as `serve` runs it.
+pub struct Plan {
+    collectors: Vec<(Spec, Box<dyn Collector>)>,
+    /// Kubeconfig files left out, each naming the file and why; the others run.
+    pub skipped: Vec<String>,
+}
+
+impl Plan {
+    /// The collectors' entries, one per source, in config order.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.collectors.iter().map(|(s, _)| &s.entry)
+    }
+}
+
+/// Read what `entries` stand for (see [`Entry::expand`]) and build every collector, as `serve`
+/// runs them and `check-config` tries them. The error names every entry that could not be
+/// read or built, and every source name given twice; a bad file in a `kubeconfig_dir` is not
+/// an error but a [`Plan::skipped`] line.
+pub fn plan(entries: &[Entry]) -> anyhow::Result<Plan> {
+    let mut collectors = Vec::with_capacity(entries.len());
+    let mut skipped = Vec::new();
     let mut failed = Vec::new();
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
     for e in entries {
-        match e.build() {
-            Ok(c) => built.push((c, Duration::from_secs(e.interval_secs))),
-            Err(err) => failed.push(format!("collector `{}` ({}): {err}", e.name, e.kind())),
+        let what = format!("collector `{}` ({})", e.name, e.kind());
+        let expansion = match e.expand() {
+            Ok(x) => x,
+            Err(err) => {
+                failed.push(format!("{what}: {err}"));
+                continue;
+            }
+        };
+        skipped.extend(expansion.skipped.iter().map(|s| format!("{what}: {s}")));
+        for one in expansion.entries {
+            if let Some(first) = names.insert(one.name.clone(), e.name.clone()) {
+                failed.push(format!(
+                    "{what}: source name `{}` is also given by entry `{first}`; names must differ",
+                    one.name
+                ));
+                continue;
+            }
+            match one.build() {
+                Ok(c) => collectors.push((Spec::of(one), c)),
+                Err(err) => {
+                    failed.push(format!("collector `{}` ({}): {err}", one.name, one.kind()))
+                }
+            }
         }
     }
     if !failed.is_empty() {
@@ -151,7 +214,131 @@ pub fn build_all(entries: &[Entry]) -> anyhow::Result<Vec<(Box<dyn Collector>, D
             failed.join("\n")
         );
     }
-    Ok(built)
+    Ok(Plan {
+        collectors,
+        skipped,
+    })
+}
+
+/// Why a reload restarts a collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    EntryChanged,
+    FileChanged,
+    /// It had stopped on a configuration error: its cause may have been fixed outside
+    /// gpuledger (RBAC applied, a file put in place), and a reload is the way to say so.
+    WasStopped,
+}
+
+impl Why {
+    fn text(self) -> &'static str {
+        match self {
+            Why::EntryChanged => "its entry changed",
+            Why::FileChanged => "its kubeconfig changed",
+            Why::WasStopped => "it had stopped on a configuration error",
+        }
+    }
+}
+
+/// What a reload does to one source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Start,
+    Stop,
+    Keep,
+    Restart(Why),
+}
+
+/// What a reload does to one source, from what runs under its name (and whether it has
+/// stopped) and what the config now says.
+fn decide(running: Option<(&Spec, bool)>, wanted: Option<&Spec>) -> Action {
+    match (running, wanted) {
+        (None, _) => Action::Start,
+        (Some(_), None) => Action::Stop,
+        (Some((old, _)), Some(new)) if old.entry != new.entry => Action::Restart(Why::EntryChanged),
+        (Some((old, _)), Some(new)) if old.read_at_start != new.read_at_start => {
+            Action::Restart(Why::FileChanged)
+        }
+        (Some((_, true)), Some(_)) => Action::Restart(Why::WasStopped),
+        (Some((_, false)), Some(_)) => Action::Keep,
+    }
+}
+
+/// What one [`Pulls::apply`] did, by source name.
+#[derive(Debug, Default, PartialEq)]
+pub struct Changes {
+    pub started: Vec<String>,
+    pub stopped: Vec<String>,
+    pub restarted: Vec<String>,
+    pub unchanged: usize,
+}
+
+struct Running {
+    spec: Spec,
+    task: tokio::task::JoinHandle<CollectError>,
+}
+
+/// The collectors `serve` runs, by source name.
+pub struct Pulls {
+    store: Store,
+    running: BTreeMap<String, Running>,
+}
+
+impl Pulls {
+    pub fn new(store: Store) -> Pulls {
+        Pulls {
+            store,
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Make the running collectors those of `plan`: a new source starts, one no longer there
+    /// stops, one whose entry or kubeconfig changed (or that had stopped on a configuration
+    /// error) restarts, and every other one goes on untouched. Logs each change.
+    pub async fn apply(&mut self, plan: Plan) -> Changes {
+        let mut changes = Changes::default();
+        let mut wanted: BTreeMap<String, (Spec, Box<dyn Collector>)> = plan
+            .collectors
+            .into_iter()
+            .map(|(spec, c)| (spec.entry.name.clone(), (spec, c)))
+            .collect();
+        let names: std::collections::BTreeSet<String> =
+            self.running.keys().chain(wanted.keys()).cloned().collect();
+        for name in names {
+            let new = wanted.remove(&name);
+            let action = decide(
+                self.running
+                    .get(&name)
+                    .map(|r| (&r.spec, r.task.is_finished())),
+                new.as_ref().map(|(spec, _)| spec),
+            );
+            if action == Action::Keep {
+                changes.unchanged += 1;
+                continue;
+            }
+            if let Some(old) = self.running.remove(&name) {
+                old.task.abort();
+                let _ = old.task.await;
+            }
+            let Some((spec, collector)) = new else {
+                tracing::info!(source = %name, "collector stopped: its entry is no longer in the config");
+                changes.stopped.push(name);
+                continue;
+            };
+            let (kind, interval_secs) = (spec.entry.kind(), spec.entry.interval_secs);
+            if let Action::Restart(why) = action {
+                tracing::info!(source = %name, kind = %kind, interval_secs, reason = why.text(), "collector restarted");
+                changes.restarted.push(name.clone());
+            } else {
+                tracing::info!(source = %name, kind = %kind, interval_secs, "collector started");
+                changes.started.push(name.clone());
+            }
+            let lease = lease(&self.store);
+            let task = tokio::spawn(lead(self.store.clone(), collector, spec.interval(), lease));
+            self.running.insert(name, Running { spec, task });
+        }
+        changes
+    }
 }
 
 /// How often a follower tries the lease and the leader checks it, unless
@@ -199,12 +386,6 @@ fn lease(store: &Store) -> Lease {
             lease
         })
         .clone()
-}
-
-/// Run one collector in the background while this replica holds the lease; see [`lead`].
-pub fn spawn(store: Store, collector: Box<dyn Collector>, interval: Duration) {
-    let lease = lease(&store);
-    tokio::spawn(lead(store, collector, interval, lease));
 }
 
 /// Run one collector (see [`run`]) whenever `lease` is held, stopping it when the lease is lost
@@ -285,10 +466,8 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
                 store_observations(store, &principal, report.observations, now).await
             }
             Err(e) if !e.is_retryable() => {
-                tracing::error!(source = %principal.source, kind = %principal.kind, error = %e, "collector stopped: its configuration is wrong; fix its [[collectors]] entry and restart gpuledger");
-                let msg = format!(
-                    "stopped: {e}; fix this collector's [[collectors]] entry and restart gpuledger"
-                );
+                tracing::error!(source = %principal.source, kind = %principal.kind, error = %e, "collector stopped: its configuration is wrong; fix it and reload gpuledger (systemctl reload gpuledger, or kill -HUP its pid)");
+                let msg = format!("stopped: {e}; {FIX_AND_RELOAD}");
                 record_error(store, &principal, &msg, now).await;
                 return e;
             }
@@ -315,6 +494,10 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
         tokio::time::sleep(wait).await;
     }
 }
+
+/// What the sources page says to do about a collector stopped on a configuration error.
+const FIX_AND_RELOAD: &str = "fix this collector's [[collectors]] entry (or what it names) and \
+     reload gpuledger: systemctl reload gpuledger, or kill -HUP its pid";
 
 /// Mark the source `error` with `msg` on the sources page, cut to
 /// [`gpuledger_ledger::MESSAGE_CHARS`]: every viewer reads it, whatever the source answered.
@@ -574,7 +757,9 @@ mod runner {
         let error = shown.last_error.as_deref().unwrap_or_default();
         assert!(
             error.starts_with("stopped: endpoints[0]: `nope` is not a URL")
-                && error.contains("restart gpuledger"),
+                && error.ends_with(
+                    "reload gpuledger: systemctl reload gpuledger, or kill -HUP its pid"
+                ),
             "{error}"
         );
 
@@ -589,6 +774,155 @@ mod runner {
         }
         assert!(!flaky.is_finished());
         flaky.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod reconcile {
+    use super::*;
+
+    fn entry(text: &str) -> Entry {
+        let doc: toml_edit::DocumentMut = text.parse().unwrap();
+        Entry::parse(doc.as_table()).unwrap()
+    }
+
+    /// A dcgm entry whose endpoint refuses connections: a passing failure, so it keeps running.
+    fn dcgm(name: &str, interval_secs: u64) -> Entry {
+        entry(&format!(
+            "type = \"dcgm\"\nname = \"{name}\"\ninterval_secs = {interval_secs}\nendpoints = [\"http://127.0.0.1:9/metrics\"]\n"
+        ))
+    }
+
+    fn plan_of(entries: &[Entry]) -> Plan {
+        plan(entries).unwrap()
+    }
+
+    /// The task of each running source: the same task is a collector left alone.
+    fn tasks(p: &Pulls) -> BTreeMap<String, tokio::task::Id> {
+        p.running
+            .iter()
+            .map(|(n, r)| (n.clone(), r.task.id()))
+            .collect()
+    }
+
+    #[test]
+    fn a_reload_decides_per_source() {
+        let a = Spec {
+            entry: dcgm("a", 60),
+            read_at_start: None,
+        };
+        let slower = Spec {
+            entry: dcgm("a", 120),
+            ..a.clone()
+        };
+        let rotated = Spec {
+            read_at_start: Some(b"token: new".to_vec()),
+            ..a.clone()
+        };
+        assert_eq!(decide(None, Some(&a)), Action::Start);
+        assert_eq!(decide(Some((&a, false)), None), Action::Stop);
+        assert_eq!(decide(Some((&a, false)), Some(&a)), Action::Keep);
+        assert_eq!(
+            decide(Some((&a, false)), Some(&slower)),
+            Action::Restart(Why::EntryChanged)
+        );
+        assert_eq!(
+            decide(Some((&a, false)), Some(&rotated)),
+            Action::Restart(Why::FileChanged)
+        );
+        assert_eq!(
+            decide(Some((&a, true)), Some(&a)),
+            Action::Restart(Why::WasStopped)
+        );
+    }
+
+    /// Sources in both configs keep their task; added ones start, removed
+    /// ones stop (their task ends), changed ones restart, and one stopped on a configuration
+    /// error starts again.
+    #[tokio::test]
+    async fn apply_starts_stops_and_restarts_only_what_changed() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-pull-apply-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(
+            &format!("sqlite://{}/p.db", dir.display()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let mut pulls = Pulls::new(store);
+        let missing = dir.join("exports");
+        let billing = entry(&format!(
+            "type = \"billing\"\nname = \"focus\"\ndir = \"{}\"\n",
+            missing.display()
+        ));
+
+        let first = pulls
+            .apply(plan_of(&[dcgm("a", 60), dcgm("b", 60), billing.clone()]))
+            .await;
+        assert_eq!(first.started, ["a", "b", "focus"]);
+        let before = tasks(&pulls);
+        // The billing folder is missing: a configuration error stops that collector.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !pulls.running["focus"].task.is_finished() {
+            assert!(tokio::time::Instant::now() < deadline, "focus did not stop");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        std::fs::create_dir_all(&missing).unwrap();
+
+        let second = pulls
+            .apply(plan_of(&[
+                dcgm("a", 60),
+                dcgm("b", 120),
+                dcgm("c", 60),
+                billing.clone(),
+            ]))
+            .await;
+        assert_eq!(
+            second,
+            Changes {
+                started: vec!["c".into()],
+                stopped: vec![],
+                restarted: vec!["b".into(), "focus".into()],
+                unchanged: 1,
+            }
+        );
+        let after = tasks(&pulls);
+        assert_eq!(after["a"], before["a"], "a is left alone");
+        assert_ne!(after["b"], before["b"]);
+        assert!(!pulls.running["focus"].task.is_finished());
+
+        let a_task = pulls.running["a"].task.abort_handle();
+        let third = pulls.apply(plan_of(&[dcgm("c", 60)])).await;
+        assert_eq!(third.stopped, ["a", "b", "focus"]);
+        assert_eq!(third.unchanged, 1);
+        assert!(a_task.is_finished(), "a removed source's task ends");
+        assert_eq!(pulls.running.keys().collect::<Vec<_>>(), ["c"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two entries that would run under one source name are refused, naming both.
+    #[test]
+    fn a_plan_refuses_one_source_name_twice() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-pull-dup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("rdu.kubeconfig"),
+            "current-context: x\nclusters:\n- name: c\n  cluster:\n    server: https://rdu\ncontexts:\n- name: x\n  context:\n    cluster: c\n",
+        )
+        .unwrap();
+        let k8s = entry(&format!(
+            "type = \"kubernetes\"\nname = \"k8s\"\nkubeconfig_dir = \"{}\"\n",
+            dir.display()
+        ));
+        let literal = entry("type = \"kubernetes\"\nname = \"k8s-rdu\"\nkubeconfig = \"/k\"\n");
+        let err = plan(&[literal, k8s]).err().unwrap().to_string();
+        assert!(
+            err.contains("collector `k8s` (kubernetes): source name `k8s-rdu` is also given by entry `k8s-rdu`"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -13,6 +13,7 @@
 //! # cluster = "rdu-ocp-1"                       # defaults to the name
 //! kubeconfig = "/etc/gpuledger/rdu.kubeconfig" # or in_cluster = true; neither: $KUBECONFIG,
 //! # context = "rdu-admin"                      # ~/.kube/config, then in-cluster
+//! # kubeconfig_dir = "/etc/gpuledger/clusters" # instead of kubeconfig: one collector per file
 //! # team_keys = ["team"]                       # pod label/annotation, then namespace's
 //! # user_keys = ["gpuledger.io/user", "user", "owner"]
 //! # sync_timeout_secs = 30
@@ -22,7 +23,7 @@
 pub mod parse;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +54,7 @@ pub const KIND: &str = "kubernetes";
 struct FileConfig {
     cluster: Option<String>,
     kubeconfig: Option<PathBuf>,
+    kubeconfig_dir: Option<PathBuf>,
     context: Option<String>,
     #[serde(default)]
     in_cluster: bool,
@@ -74,12 +76,19 @@ pub enum Access {
     InCluster,
     /// `$KUBECONFIG` or `~/.kube/config`, else in-cluster, as kubectl does.
     Infer { context: Option<String> },
+    /// A folder of kubeconfig files, one cluster each: a template that
+    /// [`read_kubeconfig_dir`] turns into one [`Access::Kubeconfig`] per file.
+    KubeconfigDir {
+        dir: PathBuf,
+        context: Option<String>,
+    },
 }
 
 /// A checked configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubernetesConfig {
-    /// The cluster name GPUs carry (`cluster` filter).
+    /// The cluster name GPUs carry (`cluster` filter). In a [`Access::KubeconfigDir`] template,
+    /// the entry's name: each file names its own cluster.
     pub cluster: String,
     pub access: Access,
     /// Keys naming the team that uses a pod's GPUs: pod labels, pod annotations, then the
@@ -106,19 +115,47 @@ impl KubernetesConfig {
         own: &toml_edit::Table,
     ) -> Result<KubernetesConfig, CollectError> {
         let raw: FileConfig = crate::read_settings(own)?;
-        let access = match (raw.kubeconfig, raw.in_cluster) {
-            (Some(_), true) => {
+        let access = match (raw.kubeconfig, raw.kubeconfig_dir, raw.in_cluster) {
+            (Some(_), Some(_), _) => {
+                return Err(CollectError::Config(
+                    "set either `kubeconfig` (one cluster) or `kubeconfig_dir` (a folder of \
+                     kubeconfig files, one cluster each), not both"
+                        .into(),
+                ))
+            }
+            (None, Some(_), true) => {
+                return Err(CollectError::Config(
+                    "set either `kubeconfig_dir` (a folder of kubeconfig files) or \
+                     `in_cluster = true` (the pod's ServiceAccount), not both"
+                        .into(),
+                ))
+            }
+            (None, Some(dir), false) => {
+                if raw.cluster.is_some() {
+                    return Err(CollectError::Config(
+                        "`cluster` names one cluster; with `kubeconfig_dir` each file is one \
+                         cluster, named by its file name without the extension (or by a \
+                         `gpuledger` extension in the file)"
+                            .into(),
+                    ));
+                }
+                Access::KubeconfigDir {
+                    dir,
+                    context: raw.context,
+                }
+            }
+            (Some(_), None, true) => {
                 return Err(CollectError::Config(
                     "set either `kubeconfig` (a file) or `in_cluster = true` (the pod's \
                      ServiceAccount), not both"
                         .into(),
                 ))
             }
-            (Some(path), false) => Access::Kubeconfig {
+            (Some(path), None, false) => Access::Kubeconfig {
                 path,
                 context: raw.context,
             },
-            (None, true) => {
+            (None, None, true) => {
                 if raw.context.is_some() {
                     return Err(CollectError::Config(
                         "`context` picks a kubeconfig context; in_cluster has none".into(),
@@ -126,7 +163,7 @@ impl KubernetesConfig {
                 }
                 Access::InCluster
             }
-            (None, false) => Access::Infer {
+            (None, None, false) => Access::Infer {
                 context: raw.context,
             },
         };
@@ -161,6 +198,166 @@ impl KubernetesConfig {
                 3600,
             )? as u32,
         })
+    }
+}
+
+/// The file names a `kubeconfig_dir` reads (their extensions); hidden files are skipped.
+pub const KUBECONFIG_EXTENSIONS: &[&str] = &["kubeconfig", "yaml", "yml"];
+
+/// The name of the kubeconfig cluster extension that names the cluster for gpuledger
+/// (`extension: {cluster: <name>}`), where the file name does not.
+pub const CLUSTER_EXTENSION: &str = "gpuledger";
+
+/// What a `kubeconfig_dir` holds: a collector configuration per kubeconfig file, with its
+/// source name, and each file left out, with why.
+#[derive(Debug, Default)]
+pub struct DirClusters {
+    pub clusters: Vec<(String, KubernetesConfig)>,
+    pub skipped: Vec<String>,
+}
+
+/// Read the folder of a [`Access::KubeconfigDir`] template named `name`: every
+/// `*.kubeconfig`, `*.yaml` and `*.yml` file that is not hidden becomes a collector named
+/// `<name>-<file stem>` for the cluster `<file stem>` (or the one the file's [`CLUSTER_EXTENSION`]
+/// names), with the template's other settings. Links are followed, so a Secret mounted as a
+/// folder works (its hidden `..data` folder is skipped). A file that is no usable kubeconfig is
+/// left out, named in [`DirClusters::skipped`], and the others kept; a folder that cannot be
+/// read or holds no kubeconfig file is an error. Any other configuration is returned as it is.
+pub fn read_kubeconfig_dir(
+    name: &str,
+    template: &KubernetesConfig,
+) -> Result<DirClusters, CollectError> {
+    let Access::KubeconfigDir { dir, context } = &template.access else {
+        return Ok(DirClusters {
+            clusters: vec![(name.to_string(), template.clone())],
+            skipped: Vec::new(),
+        });
+    };
+    let folder_error = |e: std::io::Error| {
+        CollectError::Config(format!(
+            "kubeconfig_dir {}: cannot read the folder: {e}",
+            dir.display()
+        ))
+    };
+    let mut files = Vec::new();
+    let mut out = DirClusters::default();
+    for item in std::fs::read_dir(dir).map_err(folder_error)? {
+        let path = item.map_err(folder_error)?.path();
+        let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let wanted = Path::new(file_name)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| {
+                KUBECONFIG_EXTENSIONS
+                    .iter()
+                    .any(|k| k.eq_ignore_ascii_case(e))
+            });
+        if file_name.starts_with('.') || !wanted {
+            continue;
+        }
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => files.push(path),
+            Ok(_) => {}
+            Err(e) => out
+                .skipped
+                .push(format!("{}: cannot read: {e}", path.display())),
+        }
+    }
+    if files.is_empty() && out.skipped.is_empty() {
+        return Err(CollectError::Config(format!(
+            "kubeconfig_dir {}: no kubeconfig file in the folder (names ending in {})",
+            dir.display(),
+            KUBECONFIG_EXTENSIONS
+                .iter()
+                .map(|e| format!(".{e}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    files.sort();
+    let mut taken: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for path in files {
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let source = format!("{name}-{stem}");
+        if let Some(first) = taken.get(&source) {
+            out.skipped.push(format!(
+                "{}: its source name `{source}` is already {}'s; rename one of them",
+                path.display(),
+                first.display()
+            ));
+            continue;
+        }
+        match cluster_named_in(&path, context.as_deref()) {
+            Ok(named) => {
+                taken.insert(source.clone(), path.clone());
+                out.clusters.push((
+                    source,
+                    KubernetesConfig {
+                        cluster: named.unwrap_or(stem),
+                        access: Access::Kubeconfig {
+                            path,
+                            context: context.clone(),
+                        },
+                        ..template.clone()
+                    },
+                ));
+            }
+            Err(why) => out.skipped.push(format!(
+                "{}: not a usable kubeconfig: {why}",
+                path.display()
+            )),
+        }
+    }
+    Ok(out)
+}
+
+/// Check that `path` is a kubeconfig whose context (`context`, else its current one) names a
+/// cluster with a server, and return the cluster name its [`CLUSTER_EXTENSION`] gives, if any.
+fn cluster_named_in(path: &Path, context: Option<&str>) -> Result<Option<String>, String> {
+    let file = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let want = context
+        .map(str::to_string)
+        .or(file.current_context.clone())
+        .ok_or("it sets no current-context (set one, or `context` in the entry)")?;
+    let cluster = file
+        .contexts
+        .iter()
+        .find(|c| c.name == want)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .ok_or_else(|| format!("it has no context `{want}`"))?;
+    let Some(details) = file
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)
+        .and_then(|c| c.cluster.as_ref())
+    else {
+        return Err(format!(
+            "context `{want}` names cluster `{cluster}`, which it does not define"
+        ));
+    };
+    if details.server.is_none() {
+        return Err(format!("cluster `{cluster}` has no server"));
+    }
+    let Some(ext) = details
+        .extensions
+        .iter()
+        .flatten()
+        .find(|e| e.name == CLUSTER_EXTENSION)
+    else {
+        return Ok(None);
+    };
+    match ext.extension.get("cluster").and_then(|c| c.as_str()) {
+        Some(c) if !c.trim().is_empty() => Ok(Some(c.trim().to_string())),
+        _ => Err(format!(
+            "cluster `{cluster}`'s `{CLUSTER_EXTENSION}` extension needs `cluster: <name>`"
+        )),
     }
 }
 
@@ -265,6 +462,13 @@ impl KubernetesCollector {
             Access::Infer { context } => kube::Config::from_kubeconfig(&options(context))
                 .await
                 .map_err(|e| CollectError::Config(format!("kubeconfig: {e}")))?,
+            Access::KubeconfigDir { dir, .. } => {
+                return Err(CollectError::Config(format!(
+                    "kubeconfig_dir {}: a folder stands for one collector per file; read it \
+                     with read_kubeconfig_dir",
+                    dir.display()
+                )))
+            }
         };
         Client::try_from(config)
             .map_err(|e| CollectError::Config(format!("cannot set up the Kubernetes client: {e}")))
@@ -668,6 +872,179 @@ mod tests {
         assert!(err("kube_config = \"/k\"").contains("unknown field `kube_config`"));
         assert!(err("team_keys = [\"\"]").contains("team_keys[0]: must not be empty"));
         assert!(err("watch_timeout_secs = 0").contains("watch_timeout_secs: must be within"));
+    }
+
+    fn kubeconfig(server: &str, extension: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: reader\nclusters:\n- name: c\n  \
+             cluster:\n    server: {server}\n{extension}contexts:\n- name: reader\n  context:\n    \
+             cluster: c\n    user: reader\nusers:\n- name: reader\n  user:\n    token: t\n"
+        )
+    }
+
+    fn fresh_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpuledger-kdir-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn template(dir: &Path, extra: &str) -> KubernetesConfig {
+        KubernetesConfig::from_toml(
+            "k8s",
+            &format!(
+                "kubeconfig_dir = \"{}\"\nteam_keys = [\"squad\"]\n{extra}",
+                dir.display()
+            ),
+        )
+        .unwrap()
+    }
+
+    /// A folder of kubeconfigs is one collector per file: named `<entry>-<stem>`, cluster the
+    /// stem unless the file's `gpuledger` extension names it, the template's other settings on
+    /// each; hidden files and other names are not read, and a bad file is named and left out
+    /// while the others are kept.
+    #[test]
+    fn a_kubeconfig_dir_is_one_collector_per_file() {
+        let dir = fresh_dir("expand");
+        std::fs::write(
+            dir.join("rdu.kubeconfig"),
+            kubeconfig("https://rdu:6443", ""),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("fra.yaml"),
+            kubeconfig(
+                "https://fra:6443",
+                "    extensions:\n    - name: gpuledger\n      extension:\n        cluster: fra-prod-2\n",
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("notes.txt"), "not read").unwrap();
+        std::fs::write(dir.join(".old.yaml"), "hidden: true").unwrap();
+        std::fs::create_dir(dir.join("..data")).unwrap();
+        std::fs::write(dir.join("broken.yml"), "{ not: [yaml").unwrap();
+        std::fs::write(dir.join("empty.yaml"), "").unwrap();
+        let t = template(&dir, "");
+        let got = read_kubeconfig_dir("k8s", &t).unwrap();
+        let names: Vec<(&str, &str)> = got
+            .clusters
+            .iter()
+            .map(|(n, c)| (n.as_str(), c.cluster.as_str()))
+            .collect();
+        assert_eq!(names, [("k8s-fra", "fra-prod-2"), ("k8s-rdu", "rdu")]);
+        let (_, rdu) = &got.clusters[1];
+        assert_eq!(
+            rdu.access,
+            Access::Kubeconfig {
+                path: dir.join("rdu.kubeconfig"),
+                context: None
+            }
+        );
+        assert_eq!(rdu.team_keys, ["squad"], "the template's settings apply");
+        assert_eq!(got.skipped.len(), 2, "{:#?}", got.skipped);
+        assert!(
+            got.skipped[0].contains("broken.yml: not a usable kubeconfig"),
+            "{:#?}",
+            got.skipped
+        );
+        assert!(
+            got.skipped[1]
+                .contains("empty.yaml: not a usable kubeconfig: it sets no current-context"),
+            "{:#?}",
+            got.skipped
+        );
+
+        // A context the template names must be in each file.
+        let got = read_kubeconfig_dir("k8s", &template(&dir, "context = \"admin\"\n")).unwrap();
+        assert!(got.clusters.is_empty());
+        assert!(
+            got.skipped.iter().any(|s| s
+                .contains("rdu.kubeconfig: not a usable kubeconfig: it has no context `admin`")),
+            "{:#?}",
+            got.skipped
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_kubeconfig_dir_that_is_missing_or_empty_is_an_error() {
+        let dir = fresh_dir("empty");
+        std::fs::write(dir.join("README.md"), "kubeconfigs go here").unwrap();
+        let e = read_kubeconfig_dir("k8s", &template(&dir, ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "no kubeconfig file in the folder (names ending in .kubeconfig, .yaml, .yml)"
+            ),
+            "{e}"
+        );
+        let gone = dir.join("nope");
+        let e = read_kubeconfig_dir("k8s", &template(&gone, ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "kubeconfig_dir {}: cannot read the folder",
+                gone.display()
+            )),
+            "{e}"
+        );
+        // Two files with one stem would be one source: the second is left out, named.
+        std::fs::write(dir.join("rdu.yaml"), kubeconfig("https://a", "")).unwrap();
+        std::fs::write(dir.join("rdu.yml"), kubeconfig("https://b", "")).unwrap();
+        let got = read_kubeconfig_dir("k8s", &template(&dir, "")).unwrap();
+        assert_eq!(got.clusters.len(), 1);
+        assert!(
+            got.skipped[0].contains("rdu.yml: its source name `k8s-rdu` is already"),
+            "{:#?}",
+            got.skipped
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The shipped template for the read-only ServiceAccount, filled as the docs say, is a
+    /// kubeconfig the folder reads; with its `extensions` lines kept, the cluster is named there.
+    #[test]
+    fn the_shipped_reader_template_filled_in_is_read() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../deploy/kubernetes/reader.kubeconfig.template"),
+        )
+        .unwrap();
+        assert!(text.contains("${TOKEN}") && text.contains("${CA_DATA}"));
+        let filled = text
+            .replace("${CLUSTER_NAME}", "rdu-ocp-1")
+            .replace("${SERVER}", "https://api.rdu-ocp-1.example:6443")
+            .replace("${CA_DATA}", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==")
+            .replace("${TOKEN}", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln");
+        let dir = fresh_dir("template");
+        std::fs::write(dir.join("rdu.kubeconfig"), &filled).unwrap();
+        std::fs::write(
+            dir.join("fra.kubeconfig"),
+            filled
+                .replace("      # ", "      ")
+                .replace("rdu-ocp-1", "fra-2"),
+        )
+        .unwrap();
+        let got = read_kubeconfig_dir("k8s", &template(&dir, "")).unwrap();
+        assert!(got.skipped.is_empty(), "{:#?}", got.skipped);
+        let names: Vec<(&str, &str)> = got
+            .clusters
+            .iter()
+            .map(|(n, c)| (n.as_str(), c.cluster.as_str()))
+            .collect();
+        assert_eq!(names, [("k8s-fra", "fra-2"), ("k8s-rdu", "rdu")]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_kubeconfig_dir_template_refuses_what_names_one_cluster() {
+        assert!(err("kubeconfig = \"/k\"\nkubeconfig_dir = \"/d\"").contains("not both"));
+        assert!(err("kubeconfig_dir = \"/d\"\nin_cluster = true").contains("not both"));
+        assert!(err("kubeconfig_dir = \"/d\"\ncluster = \"x\"")
+            .contains("with `kubeconfig_dir` each file is one cluster"));
     }
 
     #[tokio::test]
