@@ -625,7 +625,10 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
     }
     if let Some(t) = c.table(root, "retention") {
-        c.unknown_keys(t, "retention", &["raw_days", "rollup_days"]);
+        c.unknown_keys(t, "retention", &["raw_days", "rollup_days", "audit_days"]);
+        if let Some(v) = c.integer(t, "retention", "audit_days", 1, 36_500) {
+            s.audit_retention_days = v;
+        }
         if let Some(v) = c.integer(t, "retention", "raw_days", 1, 3650) {
             s.raw_retention_days = v;
         }
@@ -718,7 +721,35 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
     }
     if let Some(t) = c.table(root, "ingest") {
-        c.unknown_keys(t, "ingest", &["max_body_bytes", "max_decompressed_bytes"]);
+        c.unknown_keys(
+            t,
+            "ingest",
+            &[
+                "max_body_bytes",
+                "max_decompressed_bytes",
+                "records_per_sec",
+                "records_burst",
+                "new_gpus_per_day",
+            ],
+        );
+        // 0 turns a limit off.
+        let rate = c.integer(t, "ingest", "records_per_sec", 0, 100_000_000);
+        let burst = c.integer(t, "ingest", "records_burst", 1, 1_000_000_000);
+        match (rate, cfg.web.rate) {
+            (Some(0), _) => cfg.web.rate = None,
+            (Some(r), Some(mut limit)) => {
+                limit.records_per_sec = r as f64;
+                cfg.web.rate = Some(limit);
+            }
+            _ => {}
+        }
+        if let (Some(b), Some(mut limit)) = (burst, cfg.web.rate) {
+            limit.burst = b as f64;
+            cfg.web.rate = Some(limit);
+        }
+        if let Some(v) = c.integer(t, "ingest", "new_gpus_per_day", 0, 100_000_000) {
+            s.new_gpus_per_day = (v > 0).then_some(v as u64);
+        }
         if let Some(v) = c.integer(t, "ingest", "max_body_bytes", 1024, 1 << 30) {
             cfg.web.limits.max_body_bytes = v as usize;
         }
@@ -970,10 +1001,14 @@ stale_window_secs = 3600
 [retention]
 raw_days = 7
 rollup_days = 365
+audit_days = 90
 [auth]
 read_requires_token = true
 [ingest]
 max_body_bytes = 2048
+records_per_sec = 500
+records_burst = 5000
+new_gpus_per_day = 0
 [server]
 header_timeout_secs = 5
 body_timeout_secs = 30
@@ -1000,6 +1035,23 @@ max_connections = 2000
         assert_eq!(cfg.settings.raw_retention_days, 7);
         assert!(cfg.web.read_requires_token);
         assert_eq!(cfg.web.limits.max_body_bytes, 2048);
+        assert_eq!(
+            cfg.web.rate,
+            Some(gpuledger_web::RateLimit {
+                records_per_sec: 500.0,
+                burst: 5000.0
+            })
+        );
+        assert_eq!(cfg.settings.new_gpus_per_day, None);
+        assert_eq!(cfg.settings.audit_retention_days, 90);
+        let defaults = parse("").unwrap();
+        assert_eq!(defaults.web.rate, Some(gpuledger_web::RateLimit::default()));
+        assert_eq!(defaults.settings.new_gpus_per_day, Some(10_000));
+        assert!(parse("[ingest]\nrecords_per_sec = 0")
+            .unwrap()
+            .web
+            .rate
+            .is_none());
         assert_eq!(cfg.settings.rates.overrides["H100"], 9.8);
         assert!(parse("").unwrap().collectors.is_empty());
     }

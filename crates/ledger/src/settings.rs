@@ -18,6 +18,11 @@ pub struct Settings {
     pub rollup_retention_days: i64,
     /// Timestamps further than this in the future are refused (clock skew guard).
     pub max_future_skew_secs: i64,
+    /// The most GPUs one source may add in 24 hours; `None`: no limit. A record past it is
+    /// refused with the reason, the source's other records are kept.
+    pub new_gpus_per_day: Option<u64>,
+    /// The audit log is kept this long (default 400 days).
+    pub audit_retention_days: i64,
     pub rates: RateTable,
     /// Ordered ownership rules and explicit assignments.
     pub ownership: OwnershipRules,
@@ -32,6 +37,8 @@ impl Default for Settings {
             raw_retention_days: 14,
             rollup_retention_days: 730,
             max_future_skew_secs: 300,
+            new_gpus_per_day: Some(10_000),
+            audit_retention_days: 400,
             rates: RateTable::default(),
             ownership: OwnershipRules::default(),
         }

@@ -12,10 +12,11 @@ use chrono::{DateTime, Utc};
 use gpuledger_ledger::identity::may_absorb_placeholder;
 use gpuledger_ledger::merge::attributes;
 use gpuledger_ledger::{merge_gpu, GpuRecord, Rejection, Validated};
-use gpuledger_model::{hour_floor, PushAllocation, PushGpu, HOUR_SECS};
+use gpuledger_model::{hour_floor, PushAllocation, PushGpu, DAY_SECS, HOUR_SECS};
 use serde::Serialize;
 use sqlx::{Any, Transaction};
 
+use crate::audit::{AuditCounts, AuditKey};
 use crate::float::F64;
 use crate::owners::owner_changed;
 use crate::rollup::{mark_presence, values, widen, Touched, PRESENCE_CHUNK};
@@ -36,6 +37,12 @@ impl Principal {
         self.teams
             .as_ref()
             .is_none_or(|t| t.iter().any(|x| x == team))
+    }
+
+    /// Whether a team's token writes (a push or the agent), whose writes the server's limits
+    /// bound; collectors the administrator configured, and the demo, are not bounded.
+    pub(crate) fn is_token(&self) -> bool {
+        matches!(self.kind.as_str(), "push" | "agent")
     }
 
     pub(crate) fn teams_text(&self) -> String {
@@ -82,6 +89,10 @@ struct Batch {
     /// The end of the last hour an observation now can mark present.
     horizon: i64,
     now_secs: i64,
+    /// GPUs this body added.
+    new_gpus: i64,
+    /// How many more GPUs the writer may add (`Settings::new_gpus_per_day`); `None`: any.
+    new_gpu_budget: Option<i64>,
 }
 
 /// Samples per INSERT statement.
@@ -135,6 +146,15 @@ impl Store {
             .filter_map(|(_, g)| g.host.clone())
             .collect();
         let aliases = self.host_aliases(&mut tx, hosts).await?;
+        let new_gpu_budget = match self.settings.new_gpus_per_day {
+            Some(limit) if who.is_token() => {
+                let added = self
+                    .new_gpus_since(&mut tx, &who.source, now_secs - DAY_SECS)
+                    .await?;
+                Some((limit as i64 - added).max(0))
+            }
+            _ => None,
+        };
 
         let mut b = Batch {
             out: IngestOutcome {
@@ -146,6 +166,8 @@ impl Store {
             stale,
             horizon,
             now_secs,
+            new_gpus: 0,
+            new_gpu_budget,
         };
         self.ingest_gpus(&mut tx, who, &mut b, &body.gpus, &aliases)
             .await?;
@@ -154,7 +176,10 @@ impl Store {
         self.ingest_allocations(&mut tx, who, &mut b, &body.allocations)
             .await?;
         let Batch {
-            mut out, touched, ..
+            mut out,
+            touched,
+            new_gpus,
+            ..
         } = b;
 
         // Owners that follow the workloads holding a GPU, then roll up what changed.
@@ -169,6 +194,8 @@ impl Store {
         }
         self.reroll(&mut tx, &touched).await?;
         self.record_attempt(&mut tx, who, &out, now_secs).await?;
+        self.audit_push(&mut tx, who, &out, new_gpus, now_secs)
+            .await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -246,6 +273,20 @@ impl Store {
                 continue;
             }
             let is_new = existing.is_none();
+            if is_new && b.new_gpu_budget.is_some_and(|left| b.new_gpus >= left) {
+                b.out.rejected.push(Rejection::new(
+                    format!("gpus[{i}]"),
+                    format!(
+                        "GPU {} is new, and source `{}` has added the most GPUs it may in 24 \
+                         hours ({}, `[ingest] new_gpus_per_day`); it is refused until the \
+                         count of the last 24 hours is under that, or the limit is raised",
+                        g.uuid,
+                        who.source,
+                        self.settings.new_gpus_per_day.unwrap_or_default()
+                    ),
+                ));
+                continue;
+            }
             let unchanged = existing == Some(&merged);
             let owner_at = owner_changed(existing, &merged).then(|| g.observed_at.timestamp());
             let id = self.upsert_gpu(tx, &merged, owner_at).await?;
@@ -261,6 +302,7 @@ impl Store {
             let t = b.touched.entry(id).or_default();
             mark_presence(t, g.observed_at.timestamp(), b.stale);
             b.out.accepted.gpus += 1;
+            b.new_gpus += is_new as i64;
             if unchanged {
                 b.out.duplicates.gpus += 1;
             }
@@ -598,6 +640,33 @@ impl Store {
         .execute(&mut **tx)
         .await?;
         Ok(())
+    }
+
+    /// Count the push in the audit log, in its transaction.
+    async fn audit_push(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        who: &Principal,
+        out: &IngestOutcome,
+        new_gpus: i64,
+        now: i64,
+    ) -> Result<()> {
+        let (a, d) = (out.accepted, out.duplicates);
+        let records = (a.gpus + a.samples + a.allocations) as i64;
+        let outcome = match (records, out.rejected.len()) {
+            (_, 0) => "ok",
+            (0, _) => "rejected",
+            _ => "partial",
+        };
+        let key = AuditKey::new(now, &who.source, &who.kind, "push", outcome);
+        let counts = AuditCounts {
+            requests: 1,
+            records,
+            rejected: out.rejected.len() as i64,
+            duplicates: (d.gpus + d.samples + d.allocations) as i64,
+            new_gpus,
+        };
+        self.audit_in(tx, &key, counts).await
     }
 
     /// Record a pull collector's failed run: the source turns `error` until its next success.

@@ -6,6 +6,7 @@
 //! arrive (a late sample re-rolls its hour), hours roll up per UTC day, and queries read the
 //! rollups, never the raw samples.
 
+mod audit;
 mod backup;
 mod billing;
 mod dash;
@@ -28,6 +29,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyPool, Executor};
 
+pub use audit::{AuditCounts, AuditKey, AuditRow};
 pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
@@ -127,6 +129,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "token_lifecycle",
         include_str!("../migrations/sqlite/0008_token_lifecycle.sql"),
     ),
+    (
+        9,
+        "audit",
+        include_str!("../migrations/sqlite/0009_audit.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -168,6 +175,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         8,
         "token_lifecycle",
         include_str!("../migrations/postgres/0008_token_lifecycle.sql"),
+    ),
+    (
+        9,
+        "audit",
+        include_str!("../migrations/postgres/0009_audit.sql"),
     ),
 ];
 
@@ -627,6 +639,10 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
+        sqlx::query(&self.sql("DELETE FROM audit_log WHERE minute < $1"))
+            .bind(now_secs - self.settings.audit_retention_days * gpuledger_model::DAY_SECS)
+            .execute(&self.pool)
+            .await?;
         for table in ["gpu_days", "gpu_day_use", "gpu_day_idle"] {
             sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE day < $1")))
                 .bind(rollup_cutoff)

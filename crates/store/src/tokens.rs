@@ -6,6 +6,7 @@
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
+use crate::audit::{AuditCounts, AuditKey};
 use crate::{Principal, Result, Store, StoreError};
 
 /// What a token may do.
@@ -152,7 +153,32 @@ impl Store {
         .bind(expires_at)
         .execute(self.pool())
         .await?;
+        let grant = if teams.is_empty() {
+            role.as_str().to_string()
+        } else {
+            format!("{} teams={}", role.as_str(), teams.join(","))
+        };
+        self.audit_admin(source, "token.create", &grant).await?;
         Ok(token)
+    }
+
+    /// Count a token administration in the audit log: who ran it (the operating-system user
+    /// of the command, as far as the environment says) and on which token.
+    async fn audit_admin(&self, source: &str, action: &str, what: &str) -> Result<()> {
+        let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME"));
+        let actor = match user {
+            Ok(u) if !u.is_empty() => format!("cli {u}"),
+            _ => "cli".to_string(),
+        };
+        let key = AuditKey::new(chrono::Utc::now().timestamp(), source, &actor, action, what);
+        self.audit(&[(
+            key,
+            AuditCounts {
+                requests: 1,
+                ..Default::default()
+            },
+        )])
+        .await
     }
 
     /// Every token ever minted, oldest first, with its state and last use.
@@ -177,14 +203,19 @@ impl Store {
     /// Revoke token `id` at `now`: its next request gets 401. Revoking twice keeps the first
     /// time.
     pub async fn revoke_token(&self, id: i64, now: i64) -> Result<TokenRow> {
-        self.token_by_id(id).await?;
-        sqlx::query(
+        let row = self.token_by_id(id).await?;
+        let done = sqlx::query(
             &self.sql("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL"),
         )
         .bind(now)
         .bind(id)
         .execute(self.pool())
-        .await?;
+        .await?
+        .rows_affected();
+        if done > 0 {
+            self.audit_admin(&row.source, "token.revoke", &format!("token {id}"))
+                .await?;
+        }
         self.token_by_id(id).await
     }
 

@@ -2723,3 +2723,86 @@ async fn a_workload_named_by_one_source_and_not_another_counts_for_its_team(stor
 }
 
 both!(a_workload_named_by_one_source_and_not_another_counts_for_its_team);
+
+/// `new_gpus_per_day`: a token's source adds at most that many GPUs in 24 hours; a GPU past
+/// it is refused with the limit named, the rest of the body (and updates of GPUs it has) kept;
+/// the count is the audit log's, so it holds across restarts and replicas. Collectors the
+/// administrator configured are not bounded.
+async fn limits_new_gpus_per_day_bound_a_tokens_source(
+    open: impl Fn(Settings) -> std::pin::Pin<Box<dyn std::future::Future<Output = Store>>>,
+) {
+    let store = open(Settings {
+        new_gpus_per_day: Some(2),
+        ..Settings::default()
+    })
+    .await;
+    let gpu = |uuid: &str| {
+        format!(
+            r#"{{"uuid":"{uuid}","model":"NVIDIA L4","host":"n1","observed_at":"2026-12-02T11:00:00Z"}}"#
+        )
+    };
+    let p = who("lab", None);
+    let out = push(
+        &store,
+        &p,
+        &format!(r#"{{"gpus":[{},{},{}]}}"#, gpu(A), gpu(B), gpu(C)),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus, 2, "{out:?}");
+    assert_eq!(out.rejected.len(), 1);
+    assert!(
+        out.rejected[0].reason.contains("new_gpus_per_day") && out.rejected[0].path == "gpus[2]",
+        "{:?}",
+        out.rejected
+    );
+    // After a restart: still two in the last 24 hours. A GPU it has is updated; a new one is not.
+    drop(store);
+    let store = open(Settings {
+        new_gpus_per_day: Some(2),
+        ..Settings::default()
+    })
+    .await;
+    let out = push(
+        &store,
+        &p,
+        &format!(r#"{{"gpus":[{},{}]}}"#, gpu(A), gpu(C)),
+    )
+    .await;
+    assert_eq!((out.accepted.gpus, out.rejected.len()), (1, 1), "{out:?}");
+    // Another source has its own count; a collector has none.
+    let out = push(
+        &store,
+        &who("other", None),
+        &format!(r#"{{"gpus":[{}]}}"#, gpu(C)),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus, 1, "{out:?}");
+    let collector = Principal {
+        kind: "dcgm".into(),
+        ..who("lab", None)
+    };
+    let many: Vec<String> = (0..5)
+        .map(|i| gpu(&format!("GPU-dddddddd-0000-0000-0000-00000000000{i}")))
+        .collect();
+    let out = push(
+        &store,
+        &collector,
+        &format!(r#"{{"gpus":[{}]}}"#, many.join(",")),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus, 5, "{out:?}");
+    // A day later the source may add again.
+    let out = push_at(
+        &store,
+        &p,
+        &format!(
+            r#"{{"gpus":[{}]}}"#,
+            gpu("GPU-eeeeeeee-0000-0000-0000-000000000001")
+        ),
+        now() + Duration::hours(25),
+    )
+    .await;
+    assert_eq!(out.accepted.gpus, 1, "{out:?}");
+}
+
+both_reopening!(limits_new_gpus_per_day_bound_a_tokens_source);

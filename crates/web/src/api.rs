@@ -285,6 +285,83 @@ pub async fn sources(
     Json(serde_json::json!({ "items": list })).into_response()
 }
 
+/// Rows the audit log answers with at most; `truncated` says when there were more.
+const AUDIT_ROWS: i64 = 10_000;
+
+/// `GET /api/v1/audit`: the audit log for the window (30 days by default), newest first:
+/// pushes per minute, source, actor and outcome with their record counts, pushes refused
+/// before they reached the database, and token administration. Readers limited to teams get
+/// 403: the log names every team's sources.
+pub async fn audit(
+    State(state): State<AppState>,
+    scope: ReadScope,
+    RawQuery(q): RawQuery,
+) -> Response {
+    if scope.is_limited() {
+        return forbidden(scope.refusal("the audit log"));
+    }
+    let p = match Params::parse_api(q.as_deref(), &contract::AUDIT) {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    // Refusals noted in memory first, so the answer has every one up to now.
+    if let Err(e) = state.limiter.flush(&state.store).await {
+        return internal(e);
+    }
+    let w = p.window(state.now());
+    let at = |t| chrono::DateTime::from_timestamp(t, 0).unwrap_or_default();
+    let (from, to) = (at(w.from), at(w.to));
+    let mut rows = match state
+        .store
+        .audit_log(from, to, p.source.as_deref(), AUDIT_ROWS + 1)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return internal(e),
+    };
+    let truncated = rows.len() as i64 > AUDIT_ROWS;
+    rows.truncate(AUDIT_ROWS as usize);
+    if p.csv {
+        let mut csv = Csv::new(
+            "audit",
+            [
+                "minute",
+                "source",
+                "actor",
+                "action",
+                "outcome",
+                "requests",
+                "records",
+                "rejected",
+                "duplicates",
+                "new_gpus",
+            ],
+        );
+        for r in &rows {
+            csv.row([
+                r.minute.to_rfc3339(),
+                r.source.clone(),
+                r.actor.clone(),
+                r.action.clone(),
+                r.outcome.clone(),
+                r.requests.to_string(),
+                r.records.to_string(),
+                r.rejected.to_string(),
+                r.duplicates.to_string(),
+                r.new_gpus.to_string(),
+            ]);
+        }
+        return csv.into_response();
+    }
+    Json(serde_json::json!({
+        "from": from,
+        "to": to,
+        "truncated": truncated,
+        "items": rows,
+    }))
+    .into_response()
+}
+
 /// `GET /api/v1/billing`: the imported billing exports, newest first, each with its
 /// reconciliation as at import (per GPU, team and month: estimated, billed, difference; the
 /// GPU spend no known host matched; the lines that could not be read).

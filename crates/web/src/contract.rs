@@ -79,7 +79,7 @@ pub const INGEST: Operation = Operation {
     path: "/api/v1/ingest",
     filters: false,
     params: &[],
-    statuses: &[200, 400, 401, 403, 408, 413, 415, 422, 500, 503],
+    statuses: &[200, 400, 401, 403, 408, 413, 415, 422, 429, 500, 503],
     auth: Auth::Ingest,
 };
 pub const GPUS: Operation = Operation {
@@ -147,6 +147,14 @@ pub const BILLING: Operation = Operation {
     statuses: READ,
     auth: Auth::Read,
 };
+pub const AUDIT: Operation = Operation {
+    method: "get",
+    path: "/api/v1/audit",
+    filters: false,
+    params: &["from", "to", "range", "source", "format"],
+    statuses: READ,
+    auth: Auth::Read,
+};
 pub const OPENAPI: Operation = Operation {
     method: "get",
     path: "/api/v1/openapi.json",
@@ -181,8 +189,8 @@ pub const READYZ: Operation = Operation {
 };
 
 /// Every operation of the contract.
-pub const OPERATIONS: [Operation; 13] = [
-    INGEST, GPUS, GPU, SUMMARY, SOURCES, TEAMS, SAVINGS, USED_BY, BILLING, OPENAPI, METRICS,
+pub const OPERATIONS: [Operation; 14] = [
+    INGEST, GPUS, GPU, SUMMARY, SOURCES, TEAMS, SAVINGS, USED_BY, BILLING, AUDIT, OPENAPI, METRICS,
     HEALTHZ, READYZ,
 ];
 

@@ -48,29 +48,78 @@ pub async fn ingest_bytes(
     user_agent: Option<&str>,
     bytes: &[u8],
 ) -> IngestReply {
-    match authenticate(state, token).await {
+    match authenticate(state, token, user_agent).await {
         Ok(info) => ingest_authenticated(state, &info, content_encoding, user_agent, bytes).await,
         Err(refused) => refused,
     }
 }
 
+/// How the writer shows on the sources page and in the audit log, from its `User-Agent`.
+fn actor(user_agent: Option<&str>) -> &'static str {
+    match user_agent {
+        Some(ua) if ua.starts_with("gpuledger-agent") => "agent",
+        Some(ua) if ua.starts_with("gpuledger-demo") => "demo",
+        _ => "push",
+    }
+}
+
+/// Note in the audit log (and on `/metrics`) a push refused before it reached the database,
+/// and pass the reply on.
+fn refuse(state: &AppState, source: &str, user_agent: Option<&str>, r: IngestReply) -> IngestReply {
+    let reason = r
+        .status
+        .canonical_reason()
+        .unwrap_or("refused")
+        .to_ascii_lowercase();
+    let outcome = match r.status {
+        StatusCode::UNAUTHORIZED if source.is_empty() => "401 unknown token".to_string(),
+        s => format!("{} {reason}", s.as_u16()),
+    };
+    state
+        .limiter
+        .refused(state.now().timestamp(), source, actor(user_agent), &outcome);
+    state.metrics.refused(source, r.status.as_u16());
+    r
+}
+
 /// The ingest token behind `token`, or the 401/403/500 reply that refuses the push.
-async fn authenticate(state: &AppState, token: Option<&str>) -> Result<TokenInfo, IngestReply> {
+async fn authenticate(
+    state: &AppState,
+    token: Option<&str>,
+    user_agent: Option<&str>,
+) -> Result<TokenInfo, IngestReply> {
     let Some(token) = token else {
-        return Err(reply(
-            StatusCode::UNAUTHORIZED,
-            "missing token: send `Authorization: Bearer <token>` (mint one with `gpuledger token create --source NAME`)",
+        return Err(refuse(
+            state,
+            "",
+            user_agent,
+            reply(
+                StatusCode::UNAUTHORIZED,
+                "missing token: send `Authorization: Bearer <token>` (mint one with `gpuledger token create --source NAME`)",
+            ),
         ));
     };
     let info = match state.store.verify_token(token).await {
         Ok(Some(info)) => info,
-        Ok(None) => return Err(reply(StatusCode::UNAUTHORIZED, "unknown token")),
+        Ok(None) => {
+            return Err(refuse(
+                state,
+                "",
+                user_agent,
+                reply(StatusCode::UNAUTHORIZED, "unknown token"),
+            ))
+        }
         Err(e) => return Err(reply(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     };
     if info.role != Role::Ingest {
-        return Err(reply(
-            StatusCode::FORBIDDEN,
-            "a viewer token cannot write; use an ingest token",
+        return Err(refuse(
+            state,
+            &info.source,
+            user_agent,
+            reply(
+                StatusCode::FORBIDDEN,
+                "a viewer token cannot write; use an ingest token",
+            ),
         ));
     }
     Ok(info)
@@ -94,7 +143,12 @@ async fn ingest_authenticated(
             } else {
                 StatusCode::BAD_REQUEST
             };
-            return reply(status, e.to_string());
+            return refuse(
+                state,
+                &info.source,
+                user_agent,
+                reply(status, e.to_string()),
+            );
         }
     };
     let now = state.now();
@@ -104,18 +158,33 @@ async fn ingest_authenticated(
             rejected: validated.rejections,
             ..Default::default()
         };
-        return refused(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &outcome,
-            "the body may carry only the lists `gpus`, `samples` and `allocations`, each an \
-             array; nothing was kept, see `rejected`",
+        return refuse(
+            state,
+            &info.source,
+            user_agent,
+            refused(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &outcome,
+                "the body may carry only the lists `gpus`, `samples` and `allocations`, each an \
+                 array; nothing was kept, see `rejected`",
+            ),
         );
     }
-    let kind = match user_agent {
-        Some(ua) if ua.starts_with("gpuledger-agent") => "agent",
-        Some(ua) if ua.starts_with("gpuledger-demo") => "demo",
-        _ => "push",
-    };
+    let kind = actor(user_agent);
+    // What the push takes out of its source's rate bucket: every record it carried. The
+    // demo's in-process loads are not pushes a team makes.
+    if let (Some(limit), false) = (&state.config.rate, kind == "demo") {
+        let records = validated.gpus.len()
+            + validated.samples.len()
+            + validated.allocations.len()
+            + validated.rejections.len();
+        state.limiter.charge(
+            limit,
+            &info.source,
+            records as u64,
+            std::time::Instant::now(),
+        );
+    }
     let outcome = match state
         .store
         .ingest(&info.principal(kind), validated, now)
@@ -128,9 +197,14 @@ async fn ingest_authenticated(
         Err(e) => {
             state.metrics.push_failed();
             tracing::error!(source = %info.source, error = %e, "ingest failed");
-            return reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("could not store the body, nothing was kept; retry: {e}"),
+            return refuse(
+                state,
+                &info.source,
+                user_agent,
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("could not store the body, nothing was kept; retry: {e}"),
+                ),
             );
         }
     };
@@ -184,16 +258,53 @@ fn closing(reply: IngestReply) -> Response {
 }
 
 pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    // The token first, then the declared size: neither waits for a byte of the body.
-    let info = match authenticate(&state, bearer(&headers).as_deref()).await {
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
+    // The token first, then the source's rate and the declared size: none waits for a byte of
+    // the body.
+    let info = match authenticate(&state, bearer(&headers).as_deref(), user_agent).await {
         Ok(info) => info,
         Err(refused) => return closing(refused),
     };
+    if let Some(limit) = &state.config.rate {
+        if let Err(wait) = state
+            .limiter
+            .check(limit, &info.source, std::time::Instant::now())
+        {
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            let mut resp = closing(refuse(
+                &state,
+                &info.source,
+                user_agent,
+                reply(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "source `{}` pushes faster than its limit of {} records/s (`[ingest] \
+                         records_per_sec`, bursts of {}); nothing was read or kept: retry after \
+                         {secs} s",
+                        info.source, limit.records_per_sec, limit.burst
+                    ),
+                ),
+            ));
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from_str(&secs.to_string())
+                    .unwrap_or(header::HeaderValue::from_static("1")),
+            );
+            return resp;
+        }
+    }
     let limit = state.config.limits.max_body_bytes;
     let too_large = || {
-        closing(reply(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body is over the limit of {limit} bytes; split it into smaller pushes"),
+        closing(refuse(
+            &state,
+            &info.source,
+            user_agent,
+            reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body is over the limit of {limit} bytes; split it into smaller pushes"),
+            ),
         ))
     };
     let declared = headers
@@ -208,12 +319,17 @@ pub async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bo
         Ok(Ok(b)) => b,
         Ok(Err(_)) => return too_large(),
         Err(_) => {
-            return closing(reply(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the body did not arrive within {} s (`[server] body_timeout_secs`); send it \
-                     at once, or in smaller pushes",
-                    timeout.as_secs_f64()
+            return closing(refuse(
+                &state,
+                &info.source,
+                user_agent,
+                reply(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the body did not arrive within {} s (`[server] body_timeout_secs`); \
+                         send it at once, or in smaller pushes",
+                        timeout.as_secs_f64()
+                    ),
                 ),
             ))
         }

@@ -8,6 +8,7 @@ mod api;
 mod contract;
 mod csv;
 mod ingest;
+mod limits;
 mod metrics;
 mod openapi;
 mod params;
@@ -27,6 +28,7 @@ use gpuledger_store::{Role, Store};
 
 pub use axum::http::StatusCode;
 pub use ingest::{ingest_bytes, IngestReply};
+pub use limits::{Limiter, RateLimit};
 pub use openapi::OPENAPI_JSON;
 pub use params::ProxyIdentity;
 pub use tls::TlsFiles;
@@ -56,9 +58,12 @@ impl Default for ServerLimits {
 }
 
 /// Settings of the HTTP surface.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct WebConfig {
     pub limits: BodyLimits,
+    /// How fast one source may push (`[ingest] records_per_sec`, `records_burst`); `None`: no
+    /// limit.
+    pub rate: Option<RateLimit>,
     pub server: ServerLimits,
     /// Serve HTTPS with this certificate and key (reloaded when they change); plain HTTP
     /// without.
@@ -74,6 +79,21 @@ pub struct WebConfig {
     pub teams: std::collections::BTreeMap<String, gpuledger_model::TeamInfo>,
 }
 
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            limits: BodyLimits::default(),
+            rate: Some(RateLimit::default()),
+            server: ServerLimits::default(),
+            tls: None,
+            read_requires_token: false,
+            proxy: None,
+            demo: false,
+            teams: Default::default(),
+        }
+    }
+}
+
 /// Shared state of every handler.
 #[derive(Clone)]
 pub struct AppState {
@@ -83,6 +103,8 @@ pub struct AppState {
     pub clock: Arc<dyn Fn() -> chrono::DateTime<chrono::Utc> + Send + Sync>,
     /// What `/metrics` reports.
     pub metrics: Arc<metrics::Metrics>,
+    /// Push rate buckets and refusals not yet in the audit log.
+    pub limiter: Arc<limits::Limiter>,
 }
 
 impl AppState {
@@ -92,6 +114,7 @@ impl AppState {
             config: Arc::new(config),
             clock: Arc::new(chrono::Utc::now),
             metrics: Default::default(),
+            limiter: Default::default(),
         }
     }
 
@@ -216,6 +239,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/gpus/{uuid}", get(api::gpu))
         .route("/api/v1/summary", get(api::summary))
         .route("/api/v1/sources", get(api::sources))
+        .route("/api/v1/audit", get(api::audit))
         .route("/api/v1/teams", get(api::teams))
         .route("/api/v1/savings", get(ui::savings_api))
         .route("/api/v1/used-by", get(api::used_by))
@@ -265,5 +289,23 @@ pub async fn serve(
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
         )),
     };
-    server::serve(listener, router(state), limits, tls, shutdown).await
+    // Refused pushes reach the audit log in batches, and the last batch at shutdown.
+    let flusher = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(limits::FLUSH_EVERY);
+            loop {
+                tick.tick().await;
+                if let Err(e) = state.limiter.flush(&state.store).await {
+                    tracing::warn!(error = %e, "could not write refusals to the audit log; will retry");
+                }
+            }
+        })
+    };
+    let served = server::serve(listener, router(state.clone()), limits, tls, shutdown).await;
+    flusher.abort();
+    if let Err(e) = state.limiter.flush(&state.store).await {
+        tracing::warn!(error = %e, "could not write the last refusals to the audit log");
+    }
+    served
 }

@@ -45,6 +45,12 @@ struct RecordLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    source: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: String,
     kind: String,
@@ -69,6 +75,7 @@ pub struct Metrics {
     latency: Latency,
     pushes: Family<PushLabels, Counter>,
     records: Family<RecordLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
     source_lag: Family<SourceLabels, Gauge>,
     source_ok: Family<SourceLabels, Gauge>,
     source_gpus: Family<SourceLabels, Gauge>,
@@ -107,6 +114,13 @@ impl Default for Metrics {
              duplicate, rejected); duplicates are also counted as accepted",
             records.clone(),
         );
+        let refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "ingest_refused",
+            "Pushes refused before they reached the database, by source (empty for a missing or \
+             unknown token) and status: 401, 403, 408, 413, 429 (over the source's rate), ...",
+            refused.clone(),
+        );
         let source_lag = Family::<SourceLabels, Gauge>::default();
         registry.register(
             "source_lag_seconds",
@@ -137,6 +151,7 @@ impl Default for Metrics {
             latency,
             pushes,
             records,
+            refused,
             source_lag,
             source_ok,
             source_gpus,
@@ -191,6 +206,16 @@ impl Metrics {
         for r in &out.rejected {
             add(kind_of(&r.path), "rejected", 1);
         }
+    }
+
+    /// Count a push refused before it reached the database.
+    pub fn refused(&self, source: &str, status: u16) {
+        self.refused
+            .get_or_create(&RefusedLabels {
+                source: source.into(),
+                status: status.to_string(),
+            })
+            .inc();
     }
 
     /// Count a push the database could not store.

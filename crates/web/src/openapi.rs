@@ -24,7 +24,7 @@ mod tests {
 
     use super::*;
     use crate::contract::{Auth, OPERATIONS, PAGES};
-    use crate::params::{Params, RANGE_PATTERN};
+    use crate::params::{Params, RANGE_PATTERN, SOURCE_PATTERN};
 
     fn doc() -> Value {
         serde_json::from_str(OPENAPI_JSON).expect("openapi.json parses")
@@ -247,6 +247,11 @@ mod tests {
         assert_eq!(
             range, RANGE_PATTERN,
             "the range pattern is params::RANGE_PATTERN"
+        );
+        let source = &doc["components"]["parameters"]["source"]["schema"]["pattern"];
+        assert_eq!(
+            source, SOURCE_PATTERN,
+            "the source pattern is params::SOURCE_PATTERN"
         );
     }
 

@@ -144,7 +144,14 @@ pub struct Params {
     pub range_days: Option<i64>,
     /// Page-specific parameters (sorting, paging, the table to export) by name.
     pub extra: std::collections::BTreeMap<String, String>,
+    /// `source=`: one source's entries (the audit log).
+    pub source: Option<String>,
 }
+
+/// `source`: a source's name as tokens are minted for it. The document states it as this
+/// pattern; a test holds the parser to it.
+#[cfg(test)]
+pub const SOURCE_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
 
 /// `range`: a number of days from 1 to [`MAX_RANGE_DAYS`], written without a sign or leading
 /// zeros (`7d`). The document states it as this pattern; a test holds the parser to it.
@@ -246,6 +253,18 @@ impl Params {
                     "false" => false,
                     _ => return Err(format!("include_mig: must be `true` or `false`, got `{e}`")),
                 }
+            }
+            "source" => {
+                let ok = (1..=128).contains(&v.chars().count())
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
+                if !ok {
+                    return Err(format!(
+                        "source: must be a source's name (1 to 128 letters, digits, `.`, `_`, \
+                         `:` or `-`), got `{e}`"
+                    ));
+                }
+                self.source = Some(v.to_string());
             }
             other => {
                 self.extra.insert(other.to_string(), v.to_string());

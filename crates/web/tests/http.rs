@@ -1736,10 +1736,12 @@ fn schema_probes(schema: &Value) -> (Vec<String>, Vec<String>) {
         }
         "string" => {
             let example = schema["example"].as_str().unwrap();
-            (
-                s(&[example]),
-                s(&["", &format!("{example}*"), "0d", "731d", "+7d"]),
-            )
+            let mut bad = s(&["", &format!("{example}*"), &"x".repeat(129)]);
+            // `range`: the days out of bounds and a sign.
+            if schema["pattern"].as_str().unwrap_or_default().contains("730") {
+                bad.extend(s(&["0d", "731d", "+7d"]));
+            }
+            (s(&[example]), bad)
         }
         "array" => (s(&["anything", "a,b", ""]), vec![]),
         other => panic!("no probes for {other}: {schema}"),
@@ -1907,4 +1909,140 @@ async fn contract_a_push_with_nothing_kept_is_422() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 415);
+}
+
+/// Per-source rate limit: over it, 429 with `Retry-After` before the body is read, for that
+/// source only; every push and refusal is in the audit log, which readers limited to teams
+/// cannot read, and refusals are counted on `/metrics` and the sources page.
+#[tokio::test]
+async fn limits_a_source_over_its_rate_gets_429_and_the_audit_log_has_it() {
+    let app = app(WebConfig {
+        rate: Some(gpuledger_web::RateLimit {
+            records_per_sec: 0.5,
+            burst: 3.0,
+        }),
+        ..Default::default()
+    })
+    .await;
+    let noisy = app.token("noisy", &[]).await;
+    let quiet = app.token("quiet", &[]).await;
+    // One body over the burst goes through (two GPUs, and two rejected samples: every
+    // record counts), and leaves the bucket short.
+    let mut body = inventory();
+    body["samples"] = json!([
+        {"gpu_uuid": A, "ts": "2026-12-02T10:30:00Z", "util_pct": 500},
+        {"gpu_uuid": B, "ts": "2026-12-02T10:30:00Z", "util_pct": 500}
+    ]);
+    let (status, out) = app.push(Some(&noisy), bytes(&body), false).await;
+    assert_eq!(status, 200, "{out}");
+    let resp = app
+        .client
+        .post(format!("{}/api/v1/ingest", app.base))
+        .bearer_auth(&noisy)
+        .body(bytes(&inventory()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3).contains(&retry), "Retry-After {retry}");
+    let err: Value = resp.json().await.unwrap();
+    assert!(
+        err["error"].as_str().unwrap().contains("records_per_sec"),
+        "{err}"
+    );
+    // Another source is not slowed.
+    let (status, out) = app.push(Some(&quiet), bytes(&inventory()), false).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, _) = app
+        .push(Some("glt_unknown"), bytes(&inventory()), false)
+        .await;
+    assert_eq!(status, 401);
+
+    let log = app
+        .get_json("/api/v1/audit?from=2026-12-01&to=2030-01-01")
+        .await;
+    let items = log["items"].as_array().unwrap();
+    let find = |source: &str, action: &str, outcome: &str| {
+        items
+            .iter()
+            .find(|r| r["source"] == source && r["action"] == action && r["outcome"] == outcome)
+            .unwrap_or_else(|| panic!("no {source} {action} {outcome} in {log}"))
+    };
+    let first = find("noisy", "push", "partial");
+    assert_eq!(
+        (first["requests"].as_i64(), first["records"].as_i64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(first["rejected"], 2);
+    assert_eq!(first["new_gpus"], 2);
+    assert_eq!(
+        find("noisy", "refused", "429 too many requests")["requests"],
+        1
+    );
+    assert_eq!(find("quiet", "push", "ok")["records"], 2);
+    assert_eq!(find("", "refused", "401 unknown token")["requests"], 1);
+    assert_eq!(find("noisy", "token.create", "ingest")["requests"], 1);
+    // One source's entries, and the CSV.
+    let one = app
+        .get_json("/api/v1/audit?from=2026-12-01&to=2030-01-01&source=quiet")
+        .await;
+    assert!(one["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["source"] == "quiet"));
+    let (status, csv) = app
+        .get("/api/v1/audit?from=2026-12-01&to=2030-01-01&format=csv")
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        csv.starts_with("minute,source,actor,action,outcome,requests"),
+        "{csv}"
+    );
+    assert!(csv.contains("429 too many requests"), "{csv}");
+    let (status, body) = app.get("/api/v1/audit?source=").await;
+    assert_eq!(status, 400, "{body}");
+
+    let (_, metrics) = app.get("/metrics").await;
+    assert!(
+        metrics.contains(r#"gpuledger_ingest_refused_total{source="noisy",status="429"} 1"#),
+        "{metrics}"
+    );
+    let (_, page) = app.get("/sources").await;
+    assert!(page.contains("Refused, 24 h"), "{page}");
+}
+
+/// The audit log names every team's sources: a reader limited to a team gets 403.
+#[tokio::test]
+async fn limits_the_audit_log_is_for_readers_of_every_team() {
+    let app = app(WebConfig {
+        read_requires_token: true,
+        ..Default::default()
+    })
+    .await;
+    let scoped = app
+        .store
+        .create_token(Role::Viewer, "nlp-view", &["nlp".to_string()])
+        .await
+        .unwrap();
+    let all = app
+        .store
+        .create_token(Role::Viewer, "central", &[])
+        .await
+        .unwrap();
+    let get = |token: String| {
+        app.client
+            .get(format!("{}/api/v1/audit", app.base))
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(get(scoped).await.unwrap().status().as_u16(), 403);
+    assert_eq!(get(all).await.unwrap().status().as_u16(), 200);
+    let (status, _) = app.get("/api/v1/audit").await;
+    assert_eq!(status, 401);
 }

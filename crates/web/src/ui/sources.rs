@@ -42,8 +42,20 @@ pub async fn sources_page(
         ncol("Against 1 h objective", "Lag as a share of the freshness objective; over 100 % means figures rest on stale data."),
         ncol("GPUs", "Physical GPUs it reported first."),
         col("Last error", "The last problem it had, if any."),
+        ncol("Refused, 24 h", "Pushes refused before they were read in the last 24 hours: over its rate limit (429), too large, too slow, a viewer token. GET /api/v1/audit has each with its reason."),
     ]);
+    // Refusals noted in memory first, so the page has every one up to now.
+    if let Err(e) = state.limiter.flush(&state.store).await {
+        tracing::warn!(error = %e, "could not write refusals to the audit log");
+    }
+    let refused: std::collections::HashMap<String, i64> = state
+        .store
+        .refusals_since(state.now().timestamp() - 86_400)
+        .await?
+        .into_iter()
+        .collect();
     for s in &sources {
+        let n = refused.get(&s.name).copied().unwrap_or(0);
         table.push(vec![
             Cell::text(s.name.clone()),
             Cell::text(s.kind.clone()),
@@ -62,6 +74,7 @@ pub async fn sources_page(
             ),
             Cell::num(count(s.gpus), s.gpus as f64),
             Cell::text(s.last_error.clone().unwrap_or_default()),
+            Cell::num(count(n), n as f64),
         ]);
     }
     let when = |t: Option<i64>| {
