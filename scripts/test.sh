@@ -3,9 +3,9 @@
 # then runs the whole workspace's tests. Usage: scripts/test.sh [extra cargo test args]
 #
 # Needs: a Rust toolchain (cargo) and the corpus ($GPULEDGER_CORPUS, else ../shared/fixtures).
-# Installs when missing (Debian packages): PostgreSQL, openssl, Chromium with its WebDriver for the
-# browser end-to-end test, and Prometheus for the dcgm collector's test (which starts its own
-# Prometheus on 127.0.0.1).
+# Installs when missing (Debian packages): PostgreSQL, openssl, curl and jq (the docs' examples),
+# Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
+# collector's test (which starts its own Prometheus on 127.0.0.1).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
 # which the store suite runs against, each test in its own schema. The browser test starts its
 # own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
@@ -51,6 +51,9 @@ ensure_packages() {
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   # The HTTPS test makes its certificates with it.
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  # The docs' examples (crates/gpuledger/tests/docs_examples.rs) run with them.
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
+  command -v jq >/dev/null 2>&1 || missing+=(jq)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     as_root apt-get update -qq
