@@ -9,7 +9,10 @@
 //! of a `kubeconfig_dir`).
 
 pub mod collectors;
+mod hosts;
 mod http;
+
+pub use hosts::HostAllowList;
 
 use std::future::Future;
 use std::pin::Pin;

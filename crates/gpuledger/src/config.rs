@@ -47,6 +47,8 @@ pub struct Config {
     pub web: WebConfig,
     /// `[[collectors]]`, each checked as `serve` builds it.
     pub collectors: Vec<gpuledger_collect::Entry>,
+    /// `collector_hosts`: the hosts collectors may read; empty: any.
+    pub collector_hosts: gpuledger_collect::HostAllowList,
     /// `[ownership] assignments`: a CSV file, relative to the config file.
     pub assignments_file: Option<std::path::PathBuf>,
 }
@@ -589,8 +591,23 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             "ownership",
             "teams",
             "collectors",
+            "collector_hosts",
         ],
     );
+    if let Some(item) = root.get("collector_hosts") {
+        let list: Option<Vec<String>> = item
+            .as_array()
+            .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        match list.map(|l| gpuledger_collect::HostAllowList::parse(&l)) {
+            Some(Ok(allow)) => cfg.collector_hosts = allow,
+            Some(Err(e)) => c.problem(item.span(), "collector_hosts", e),
+            None => c.problem(
+                item.span(),
+                "collector_hosts",
+                "must be a list of hosts, like [\"prometheus.monitoring.svc\", \"*.k8s.example.com\", \"10.0.0.0/8\"]",
+            ),
+        }
+    }
     cfg.listen = c.string(root, "", "listen");
     if let (Some(l), Some(item)) = (&cfg.listen, root.get("listen")) {
         if l.parse::<std::net::SocketAddr>().is_err() {
@@ -932,7 +949,7 @@ pub fn changed_outside_collectors(old: &str, new: &str) -> Vec<String> {
             Ok(doc) => doc
                 .as_table()
                 .iter()
-                .filter(|(k, _)| *k != "collectors")
+                .filter(|(k, _)| *k != "collectors" && *k != "collector_hosts")
                 .map(|(k, item)| (k.to_string(), json_of_item(item)))
                 .collect(),
             Err(_) => Default::default(),
@@ -1044,6 +1061,14 @@ max_connections = 2000
         );
         assert_eq!(cfg.settings.new_gpus_per_day, None);
         assert_eq!(cfg.settings.audit_retention_days, 90);
+        assert!(
+            parse("collector_hosts = [\"*.example.com\", \"10.0.0.0/8\"]")
+                .unwrap()
+                .collector_hosts
+                .allows("prom.example.com")
+        );
+        let e = parse("collector_hosts = [\"http://x\"]").unwrap_err();
+        assert!(e[0].to_string().contains("collector_hosts"), "{e:?}");
         let defaults = parse("").unwrap();
         assert_eq!(defaults.web.rate, Some(gpuledger_web::RateLimit::default()));
         assert_eq!(defaults.settings.new_gpus_per_day, Some(10_000));

@@ -254,7 +254,7 @@ async fn reload(
     pulls: &mut pull::Pulls,
 ) -> anyhow::Result<()> {
     let (cfg, text) = config::load_text(path)?;
-    let plan = pull::plan(&cfg.collectors)?;
+    let plan = pull::plan(&cfg.collectors, &cfg.collector_hosts)?;
     let changed = config::changed_outside_collectors(started, &text);
     if !changed.is_empty() {
         tracing::warn!(settings = %changed.join(", "), "settings outside [[collectors]] differ from those serve started with; only [[collectors]] reload, the rest apply at the next restart");
@@ -298,7 +298,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .listen
         .or(cfg.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".into());
-    let plan = pull::plan(&cfg.collectors)?;
+    let plan = pull::plan(&cfg.collectors, &cfg.collector_hosts)?;
     let store = Store::open(&url, cfg.settings.clone())
         .await
         .with_context(|| format!("opening database {}", redacted(&url)))?;
@@ -446,7 +446,11 @@ async fn collect(args: CollectArgs) -> anyhow::Result<()> {
     }
     for entry in &entries {
         eprintln!("collecting: {}", entry.describe());
-        let result = match entry.build() {
+        let result = match cfg
+            .collector_hosts
+            .check(entry)
+            .and_then(|()| entry.build())
+        {
             Ok(c) => c.collect_report().await,
             Err(e) => Err(e),
         };
@@ -555,7 +559,7 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
     };
     let mut problems = config::read_assignments(&mut cfg, &file);
     let mut collectors = Vec::new();
-    match pull::plan(&cfg.collectors) {
+    match pull::plan(&cfg.collectors, &cfg.collector_hosts) {
         Ok(plan) => {
             problems.extend(plan.skipped.iter().cloned());
             collectors.extend(plan.entries().map(|e| e.describe()));

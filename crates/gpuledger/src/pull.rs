@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpuledger_collect::{CollectError, Collector, Entry};
+use gpuledger_collect::{CollectError, Collector, Entry, HostAllowList};
 use gpuledger_ledger::TimeBounds;
 use gpuledger_model::{Observation, PushBody};
 use gpuledger_store::{IngestOutcome, Lease, Principal, Store};
@@ -174,9 +174,10 @@ impl Plan {
 
 /// Read what `entries` stand for (see [`Entry::expand`]) and build every collector, as `serve`
 /// runs them and `check-config` tries them. The error names every entry that could not be
-/// read or built, and every source name given twice; a bad file in a `kubeconfig_dir` is not
-/// an error but a [`Plan::skipped`] line.
-pub fn plan(entries: &[Entry]) -> anyhow::Result<Plan> {
+/// read or built, every source name given twice, and every collector that reads a host
+/// `allow` (`collector_hosts`) does not list; a bad file in a `kubeconfig_dir` is not an error
+/// but a [`Plan::skipped`] line.
+pub fn plan(entries: &[Entry], allow: &HostAllowList) -> anyhow::Result<Plan> {
     let mut collectors = Vec::with_capacity(entries.len());
     let mut skipped = Vec::new();
     let mut failed = Vec::new();
@@ -197,6 +198,10 @@ pub fn plan(entries: &[Entry]) -> anyhow::Result<Plan> {
                     "{what}: source name `{}` is also given by entry `{first}`; names must differ",
                     one.name
                 ));
+                continue;
+            }
+            if let Err(err) = allow.check(&one) {
+                failed.push(format!("collector `{}` ({}): {err}", one.name, one.kind()));
                 continue;
             }
             match one.build() {
@@ -795,7 +800,23 @@ mod reconcile {
     }
 
     fn plan_of(entries: &[Entry]) -> Plan {
-        plan(entries).unwrap()
+        plan(entries, &HostAllowList::default()).unwrap()
+    }
+
+    #[test]
+    fn a_collector_reading_a_host_outside_collector_hosts_is_refused() {
+        let only = |host: &str| HostAllowList::parse(&[host.to_string()]).unwrap();
+        let err = plan(&[dcgm("d", 60)], &only("prom.internal"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("collector `d` (dcgm)")
+                && err.contains("`127.0.0.1`")
+                && err.contains("collector_hosts"),
+            "{err}"
+        );
+        assert!(plan(&[dcgm("d", 60)], &only("127.0.0.0/8")).is_ok());
     }
 
     /// The task of each running source: the same task is a collector left alone.
@@ -918,7 +939,10 @@ mod reconcile {
             dir.display()
         ));
         let literal = entry("type = \"kubernetes\"\nname = \"k8s-rdu\"\nkubeconfig = \"/k\"\n");
-        let err = plan(&[literal, k8s]).err().unwrap().to_string();
+        let err = plan(&[literal, k8s], &HostAllowList::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("collector `k8s` (kubernetes): source name `k8s-rdu` is also given by entry `k8s-rdu`"),
             "{err}"
