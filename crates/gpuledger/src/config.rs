@@ -592,6 +592,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             "teams",
             "collectors",
             "collector_hosts",
+            "database",
         ],
     );
     if let Some(item) = root.get("collector_hosts") {
@@ -735,6 +736,20 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                 "auth.proxy_user_header",
                 "set both proxy_user_header and proxy_groups_header, or neither",
             ),
+        }
+    }
+    if let Some(t) = c.table(root, "database") {
+        c.unknown_keys(t, "database", &["sqlite_synchronous"]);
+        if let Some(v) = c.string(t, "database", "sqlite_synchronous") {
+            match v.to_ascii_lowercase().as_str() {
+                "full" => s.sqlite_full_sync = true,
+                "normal" => s.sqlite_full_sync = false,
+                _ => c.problem(
+                    t.get("sqlite_synchronous").and_then(|i| i.span()),
+                    "database.sqlite_synchronous",
+                    format!("must be \"normal\" or \"full\", got `{v}`"),
+                ),
+            }
         }
     }
     if let Some(t) = c.table(root, "ingest") {
@@ -1069,6 +1084,13 @@ max_connections = 2000
         );
         let e = parse("collector_hosts = [\"http://x\"]").unwrap_err();
         assert!(e[0].to_string().contains("collector_hosts"), "{e:?}");
+        assert!(
+            parse("[database]\nsqlite_synchronous = \"full\"")
+                .unwrap()
+                .settings
+                .sqlite_full_sync
+        );
+        assert!(parse("[database]\nsqlite_synchronous = \"off\"").is_err());
         let defaults = parse("").unwrap();
         assert_eq!(defaults.web.rate, Some(gpuledger_web::RateLimit::default()));
         assert_eq!(defaults.settings.new_gpus_per_day, Some(10_000));

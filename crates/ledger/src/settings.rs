@@ -23,6 +23,11 @@ pub struct Settings {
     pub new_gpus_per_day: Option<u64>,
     /// The audit log is kept this long (default 400 days).
     pub audit_retention_days: i64,
+    /// SQLite commits with `synchronous = FULL`: a committed write survives a power loss or an
+    /// operating-system crash, at the cost of a flush per commit. Off (`NORMAL`, the default),
+    /// a commit survives the process being killed, but the last commits before a power loss
+    /// may be rolled back (the database stays consistent). PostgreSQL keeps its own setting.
+    pub sqlite_full_sync: bool,
     pub rates: RateTable,
     /// Ordered ownership rules and explicit assignments.
     pub ownership: OwnershipRules,
@@ -39,6 +44,7 @@ impl Default for Settings {
             max_future_skew_secs: 300,
             new_gpus_per_day: Some(10_000),
             audit_retention_days: 400,
+            sqlite_full_sync: false,
             rates: RateTable::default(),
             ownership: OwnershipRules::default(),
         }

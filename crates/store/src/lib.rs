@@ -328,6 +328,13 @@ impl Store {
             Backend::Sqlite => 4,
             Backend::Postgres => 8,
         };
+        // SQLite's durability (see `Settings::sqlite_full_sync`): NORMAL in WAL mode survives a
+        // crash of the process, FULL also a crash of the machine.
+        let synchronous = if settings.sqlite_full_sync {
+            "FULL"
+        } else {
+            "NORMAL"
+        };
         let pool = AnyPoolOptions::new()
             .max_connections(max)
             .after_connect(move |conn, _meta| {
@@ -336,9 +343,12 @@ impl Store {
                     match backend {
                         Backend::Sqlite => {
                             conn.execute(
-                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                                 PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; \
-                                 PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;",
+                                format!(
+                                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; \
+                                     PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; \
+                                     PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;"
+                                )
+                                .as_str(),
                             )
                             .await?;
                         }
@@ -788,6 +798,31 @@ mod tests {
         let mut strict = migrator(backend, last - 1);
         strict.ignore_missing = false;
         assert!(strict.run(&pool).await.is_err());
+    }
+
+    /// `sqlite_full_sync` reaches every connection of the pool.
+    #[tokio::test]
+    async fn sqlite_durability_follows_the_setting() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (full, want) in [(false, 1i64), (true, 2)] {
+            let url = format!("sqlite://{}/s{full}.db", dir.display());
+            let store = Store::open(
+                &url,
+                gpuledger_ledger::Settings {
+                    sqlite_full_sync: full,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+            let got: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            assert_eq!(got, want, "full = {full}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
