@@ -2806,3 +2806,50 @@ async fn limits_new_gpus_per_day_bound_a_tokens_source(
 }
 
 both_reopening!(limits_new_gpus_per_day_bound_a_tokens_source);
+
+/// A conflicting resend: the same GPU and `ts` with another value. The push contract's rule
+/// (push-api.md): the first value stays, the resend is counted under `duplicates`, and no
+/// figure changes; a correction is sent with a new `ts`.
+async fn ingest_a_conflicting_resend_keeps_the_first_value(store: Store) {
+    let body = |util: u32| {
+        format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA L4","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T10:30:00Z"}}],
+                "samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T10:15:00Z","util_pct":{util}}}]}}"#
+        )
+    };
+    let today = Window {
+        from: t("2026-12-02T00:00:00Z").timestamp(),
+        to: now().timestamp(),
+    };
+    let first = push(&store, &who("lab", None), &body(80)).await;
+    assert_eq!(first.duplicates.samples, 0);
+    let before = store
+        .summary(today, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let again = push(&store, &who("lab", None), &body(2)).await;
+    assert_eq!(
+        (again.accepted.samples, again.duplicates.samples),
+        (1, 1),
+        "{again:?}"
+    );
+    assert!(again.rejected.is_empty(), "{again:?}");
+    let after = store
+        .summary(today, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+    // The hour stays busy at 80 %: not idle at 2 %, not an average of the two.
+    let nlp = after.groups.iter().find(|g| g.key == "nlp").unwrap();
+    assert_eq!(nlp.avg_activity_pct, Some(80.0), "{nlp:?}");
+    // A correction under a new `ts` counts.
+    let corrected = push(
+        &store,
+        &who("lab", None),
+        &body(2).replace("10:15:00Z", "10:16:00Z"),
+    )
+    .await;
+    assert_eq!(corrected.duplicates.samples, 0);
+}
+
+both!(ingest_a_conflicting_resend_keeps_the_first_value);
