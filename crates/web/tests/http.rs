@@ -1738,7 +1738,11 @@ fn schema_probes(schema: &Value) -> (Vec<String>, Vec<String>) {
             let example = schema["example"].as_str().unwrap();
             let mut bad = s(&["", &format!("{example}*"), &"x".repeat(129)]);
             // `range`: the days out of bounds and a sign.
-            if schema["pattern"].as_str().unwrap_or_default().contains("730") {
+            if schema["pattern"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("730")
+            {
                 bad.extend(s(&["0d", "731d", "+7d"]));
             }
             (s(&[example]), bad)
