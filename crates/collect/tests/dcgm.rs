@@ -1165,3 +1165,78 @@ async fn collectors_follow_redirects_only_on_their_host_and_never_read_metadata_
     server.abort();
     other_srv.abort();
 }
+
+/// A pulled source that hangs (accepts the connection and never answers) is cut off at
+/// `timeout_secs` as a passing failure, and one that answers without end is cut off at the
+/// answer cap (64 MiB) without reading further; neither stops the other endpoints' parts.
+#[tokio::test]
+async fn scrape_a_hanging_or_endless_endpoint_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            let (s, _) = hang.accept().await.unwrap();
+            open.push(s);
+        }
+    });
+    let endless = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endless_addr = endless.local_addr().unwrap();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = written.clone();
+    let flood = tokio::spawn(async move {
+        loop {
+            let (mut s, _) = endless.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                // The request's head first, then an answer without end.
+                let mut got = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head =
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n";
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = "# HELP x y\n".repeat(100_000).into_bytes();
+                while s.write_all(&chunk).await.is_ok() {
+                    counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let c = build(
+        "dcgm",
+        "x",
+        &format!(
+            "endpoints = [\"http://{hang_addr}/metrics\", \"http://{endless_addr}/metrics\"]\ntimeout_secs = 2\n"
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let report = c.collect_report().await;
+    let took = started.elapsed();
+    let problems: Vec<String> = match &report {
+        Ok(r) => r.problems.iter().map(|p| p.to_string()).collect(),
+        Err(e) => vec![e.to_string()],
+    };
+    let all = problems.join(" | ");
+    assert!(all.contains("timed out"), "{all}");
+    assert!(all.contains("over 67108864 bytes"), "{all}");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "the run took {took:?}"
+    );
+    // The endless answer was read up to the cap, not on and on.
+    let sent = written.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(sent < 256 * 1024 * 1024, "{sent} bytes were sent");
+    held.abort();
+    flood.abort();
+}
