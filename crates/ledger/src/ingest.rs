@@ -466,8 +466,10 @@ fn not_future(
         return Err(Rejection::new(
             format!("{path}.{field}"),
             format!(
-                "is in the future ({}); check the sender's clock",
-                ts.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                "is in the future ({}): the latest time accepted now is {} (the server's clock \
+                 and its allowance for skew); check the sender's clock",
+                ts.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                latest.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
         ));
     }

@@ -2853,3 +2853,38 @@ async fn ingest_a_conflicting_resend_keeps_the_first_value(store: Store) {
 }
 
 both!(ingest_a_conflicting_resend_keeps_the_first_value);
+
+/// Clock skew of an hour either way: a pusher an hour behind the server has its samples
+/// stored in the hour they name; one an hour ahead has them refused as in the future, naming
+/// the latest time the server accepts (its clock plus 5 minutes), and nothing stored.
+async fn ingest_a_pusher_an_hour_off_is_stored_or_refused_by_the_rule(store: Store) {
+    let gpu = r#"{"uuid":"GPU-aaaaaaaa-0000-0000-0000-000000000001","model":"NVIDIA L4","labels":{"team":"nlp"},"observed_at":"2026-12-02T11:00:00Z"}"#;
+    let sample = |ts: &str| {
+        format!(r#"{{"gpus":[{gpu}],"samples":[{{"gpu_uuid":"{A}","ts":"{ts}","util_pct":70}}]}}"#)
+    };
+    // now() is 12:00: an hour behind says 11:00, an hour ahead 13:00.
+    let behind = push(&store, &who("lab", None), &sample("2026-12-02T11:00:00Z")).await;
+    assert_eq!(behind.accepted.samples, 1, "{behind:?}");
+    let ahead = push(&store, &who("lab", None), &sample("2026-12-02T13:00:00Z")).await;
+    assert_eq!(ahead.accepted.samples, 0, "{ahead:?}");
+    let why = &ahead.rejected[0];
+    assert!(
+        why.path == "samples[0].ts"
+            && why.reason.contains("future")
+            && why.reason.contains("2026-12-02T12:05:00Z"),
+        "{why:?}"
+    );
+    let w = Window {
+        from: t("2026-12-02T00:00:00Z").timestamp(),
+        to: now().timestamp(),
+    };
+    let s = store
+        .summary(w, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    // One measured hour, 11:00, at 70 %: the refused sample changed nothing.
+    assert_eq!(s.total.avg_activity_pct, Some(70.0), "{:?}", s.total);
+    assert_eq!(s.total.busy_hours, 1, "{:?}", s.total);
+}
+
+both!(ingest_a_pusher_an_hour_off_is_stored_or_refused_by_the_rule);
