@@ -370,6 +370,7 @@ impl Store {
             settings: std::sync::Arc::new(settings),
             write_lock: Default::default(),
         };
+        store.check_file().await?;
         store.migrate().await?;
         store
             .ensure_partitions(chrono::Utc::now().timestamp())
@@ -398,6 +399,40 @@ impl Store {
         pool.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE").as_str())
             .await?;
         pool.close().await;
+        Ok(())
+    }
+
+    /// On SQLite, refuse a damaged database file (a truncated copy, a disk that lost pages)
+    /// before serving from it: `PRAGMA quick_check` reads every page once, so a large file
+    /// takes longer to start. A torn write-ahead log is not damage: SQLite drops the frames of the
+    /// commit it was writing, and the database is as of the commit before.
+    async fn check_file(&self) -> Result<()> {
+        if self.backend != Backend::Sqlite {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let found: std::result::Result<Vec<String>, sqlx::Error> =
+            sqlx::query_scalar("PRAGMA quick_check")
+                .fetch_all(&self.pool)
+                .await;
+        let problems = match found {
+            Ok(rows) if rows.len() == 1 && rows[0] == "ok" => Vec::new(),
+            Ok(rows) => rows,
+            Err(e) => vec![e.to_string()],
+        };
+        if !problems.is_empty() {
+            return Err(StoreError::Invalid(format!(
+                "the database file is damaged ({} problem(s); first: {}); nothing was served \
+                 from it: restore the last backup (`gpuledger backup` makes them) or move the \
+                 file away to start afresh",
+                problems.len(),
+                problems[0]
+            )));
+        }
+        tracing::debug!(
+            ms = started.elapsed().as_millis() as u64,
+            "database file checked"
+        );
         Ok(())
     }
 
@@ -798,6 +833,69 @@ mod tests {
         let mut strict = migrator(backend, last - 1);
         strict.ignore_missing = false;
         assert!(strict.run(&pool).await.is_err());
+    }
+
+    /// A truncated database file is refused at open, saying so; a torn write-ahead log opens
+    /// as of the last whole commit.
+    #[tokio::test]
+    async fn a_damaged_database_file_is_refused_and_a_torn_wal_is_not_damage() {
+        let dir = std::env::temp_dir().join(format!("gpuledger-damage-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("d.db");
+        let url = format!("sqlite://{}", file.display());
+        let store = Store::open(&url, Default::default()).await.unwrap();
+        for i in 0..200 {
+            store
+                .create_token(Role::Ingest, &format!("s{i}"), &[])
+                .await
+                .unwrap();
+        }
+        store.pool.close().await;
+        // The file as written: it opens.
+        let copy = dir.join("c.db");
+        std::fs::copy(&file, &copy).unwrap();
+        Store::open(&format!("sqlite://{}", copy.display()), Default::default())
+            .await
+            .unwrap()
+            .pool
+            .close()
+            .await;
+        // Cut in the middle, as a copy interrupted or a disk that lost its tail.
+        let len = std::fs::metadata(&file).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.set_len(len / 2).unwrap();
+        drop(f);
+        let err = Store::open(&url, Default::default()).await.err().unwrap();
+        assert!(err.to_string().contains("damaged"), "{err}");
+
+        // A write-ahead log cut mid-frame: the last commit is gone, the rest is served.
+        let wal_db = dir.join("w.db");
+        let wal_url = format!("sqlite://{}", wal_db.display());
+        let store = Store::open(&wal_url, Default::default()).await.unwrap();
+        sqlx::query("PRAGMA wal_autocheckpoint = 0")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        store.create_token(Role::Ingest, "kept", &[]).await.unwrap();
+        let wal = dir.join("w.db-wal");
+        let whole = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        // Copy the files while the server holds them, then tear the copy's log.
+        let torn = dir.join("t.db");
+        std::fs::copy(&wal_db, &torn).unwrap();
+        std::fs::copy(&wal, dir.join("t.db-wal")).unwrap();
+        let t = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("t.db-wal"))
+            .unwrap();
+        t.set_len(whole.saturating_sub(100)).unwrap();
+        drop(t);
+        let reopened = Store::open(&format!("sqlite://{}", torn.display()), Default::default())
+            .await
+            .unwrap();
+        let tokens = reopened.list_tokens().await.unwrap();
+        assert!(tokens.len() <= 1, "{tokens:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// `sqlite_full_sync` reaches every connection of the pool.
