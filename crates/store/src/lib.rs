@@ -245,6 +245,48 @@ pub fn normalize_url(url: &str) -> Result<(Backend, String)> {
     Ok((Backend::Sqlite, format!("sqlite://{path}?mode=rwc")))
 }
 
+/// Refuse a damaged SQLite file (a truncated copy, a disk that lost pages) before serving from
+/// it: `PRAGMA quick_check` on one connection reads every page once, so a large file takes
+/// longer to start. A torn write-ahead log is not damage: SQLite drops the frames of the commit
+/// it was writing, and the database is as of the commit before. Errors that are not about the
+/// file's contents (a folder that is missing, no permission) pass through as they are.
+async fn check_sqlite_file(opts: &AnyConnectOptions) -> Result<()> {
+    use sqlx::{ConnectOptions, Connection};
+    let damaged = |first: String, count: usize| {
+        StoreError::Invalid(format!(
+            "the database file is damaged ({count} problem(s); first: {first}); nothing was \
+             served from it: restore the last backup (`gpuledger backup` makes them) or move \
+             the file away to start afresh"
+        ))
+    };
+    let is_damage = |e: &sqlx::Error| {
+        let t = e.to_string();
+        t.contains("malformed") || t.contains("not a database") || t.contains("corrupt")
+    };
+    let started = std::time::Instant::now();
+    let mut conn = match opts.connect().await {
+        Ok(c) => c,
+        Err(e) if is_damage(&e) => return Err(damaged(e.to_string(), 1)),
+        Err(e) => return Err(e.into()),
+    };
+    let found: std::result::Result<Vec<String>, sqlx::Error> =
+        sqlx::query_scalar("PRAGMA quick_check")
+            .fetch_all(&mut conn)
+            .await;
+    let _ = conn.close().await;
+    match found {
+        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => {}
+        Ok(rows) => return Err(damaged(rows[0].clone(), rows.len())),
+        Err(e) if is_damage(&e) => return Err(damaged(e.to_string(), 1)),
+        Err(e) => return Err(e.into()),
+    }
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "database file checked"
+    );
+    Ok(())
+}
+
 /// The migrations of `backend` up to `version`, as one migrator.
 ///
 /// Rolling upgrades: a replica of the previous release must keep starting and serving on a
@@ -324,6 +366,11 @@ impl Store {
                 .await?;
             pool.close().await;
         }
+        // The server checks a SQLite file before serving from it; a one-off command (a token,
+        // an import) does not read every page of a large file each time.
+        if backend == Backend::Sqlite && apply_settings {
+            check_sqlite_file(&opts).await?;
+        }
         let max = match backend {
             Backend::Sqlite => 4,
             Backend::Postgres => 8,
@@ -370,7 +417,6 @@ impl Store {
             settings: std::sync::Arc::new(settings),
             write_lock: Default::default(),
         };
-        store.check_file().await?;
         store.migrate().await?;
         store
             .ensure_partitions(chrono::Utc::now().timestamp())
@@ -399,40 +445,6 @@ impl Store {
         pool.execute(format!("DROP SCHEMA IF EXISTS {schema} CASCADE").as_str())
             .await?;
         pool.close().await;
-        Ok(())
-    }
-
-    /// On SQLite, refuse a damaged database file (a truncated copy, a disk that lost pages)
-    /// before serving from it: `PRAGMA quick_check` reads every page once, so a large file
-    /// takes longer to start. A torn write-ahead log is not damage: SQLite drops the frames of the
-    /// commit it was writing, and the database is as of the commit before.
-    async fn check_file(&self) -> Result<()> {
-        if self.backend != Backend::Sqlite {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        let found: std::result::Result<Vec<String>, sqlx::Error> =
-            sqlx::query_scalar("PRAGMA quick_check")
-                .fetch_all(&self.pool)
-                .await;
-        let problems = match found {
-            Ok(rows) if rows.len() == 1 && rows[0] == "ok" => Vec::new(),
-            Ok(rows) => rows,
-            Err(e) => vec![e.to_string()],
-        };
-        if !problems.is_empty() {
-            return Err(StoreError::Invalid(format!(
-                "the database file is damaged ({} problem(s); first: {}); nothing was served \
-                 from it: restore the last backup (`gpuledger backup` makes them) or move the \
-                 file away to start afresh",
-                problems.len(),
-                problems[0]
-            )));
-        }
-        tracing::debug!(
-            ms = started.elapsed().as_millis() as u64,
-            "database file checked"
-        );
         Ok(())
     }
 
