@@ -910,6 +910,117 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A migration that stops half-way (the process killed, the statement failing) leaves
+    /// nothing of itself: each runs in one transaction, so the next start applies it whole.
+    /// Shown with a migration that fails after its first statement, on both backends.
+    async fn check_interrupted_migration(pool: AnyPool, backend: Backend) {
+        let last = match backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS,
+            Backend::Postgres => POSTGRES_MIGRATIONS,
+        }
+        .last()
+        .unwrap()
+        .0;
+        migrator(backend, last).run(&pool).await.unwrap();
+        let mut broken = migrator(backend, last);
+        let mut list = broken.migrations.to_vec();
+        list.push(Migration::new(
+            last + 1,
+            Cow::Borrowed("interrupted"),
+            MigrationType::Simple,
+            Cow::Borrowed(
+                "CREATE TABLE half_done (x BIGINT); \
+                 INSERT INTO half_done (x) VALUES (1); \
+                 INSERT INTO no_such_table (x) VALUES (1);",
+            ),
+            false,
+        ));
+        broken.migrations = Cow::Owned(list);
+        assert!(broken.run(&pool).await.is_err());
+        let left: Option<i64> = sqlx::query_scalar(match backend {
+            Backend::Sqlite => "SELECT 1 FROM sqlite_master WHERE name = 'half_done'",
+            Backend::Postgres => {
+                "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() \
+                 AND table_name = 'half_done'"
+            }
+        })
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            left, None,
+            "{backend:?}: the half-run migration left a table"
+        );
+        let recorded: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE version > $1")
+                .bind(last)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(recorded, 0, "{backend:?}");
+        // The next start goes on as before.
+        migrator(backend, last).run(&pool).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_migration_leaves_nothing_and_runs_again() {
+        sqlx::any::install_default_drivers();
+        let dir = std::env::temp_dir().join(format!("gpuledger-mig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.db");
+        let _ = std::fs::remove_file(&file);
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&format!("sqlite://{}?mode=rwc", file.display()))
+            .await
+            .unwrap();
+        check_interrupted_migration(pool, Backend::Sqlite).await;
+        let Some(pool) = pg_pool("mig").await else {
+            return;
+        };
+        check_interrupted_migration(pool, Backend::Postgres).await;
+    }
+
+    /// A pool on a fresh schema of `GPULEDGER_TEST_PG_URL`, or `None` (said) when it is unset;
+    /// unset with `GPULEDGER_REQUIRE_POSTGRES`, a failure.
+    async fn pg_pool(name: &str) -> Option<AnyPool> {
+        let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
+        if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
+            panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
+        }
+        let Some(pg) = pg else {
+            eprintln!("skipped: PostgreSQL half (set GPULEDGER_TEST_PG_URL to run it)");
+            return None;
+        };
+        let schema = format!("t_{name}_{}", std::process::id());
+        Store::drop_schema(&pg, &schema).await.unwrap();
+        let setup = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg)
+            .await
+            .unwrap();
+        setup
+            .execute(format!("CREATE SCHEMA {schema}").as_str())
+            .await
+            .unwrap();
+        setup.close().await;
+        Some(
+            AnyPoolOptions::new()
+                .max_connections(1)
+                .after_connect(move |conn, _| {
+                    let schema = schema.clone();
+                    Box::pin(async move {
+                        conn.execute(format!("SET search_path TO {schema}").as_str())
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .connect(&pg)
+                .await
+                .unwrap(),
+        )
+    }
+
     /// `sqlite_full_sync` reaches every connection of the pool.
     #[tokio::test]
     async fn sqlite_durability_follows_the_setting() {
@@ -950,39 +1061,9 @@ mod tests {
             .unwrap();
         check_upgrades(pool, Backend::Sqlite).await;
 
-        let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
-        if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
-            panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
-        }
-        let Some(pg) = pg else {
-            eprintln!("skipped: PostgreSQL half (set GPULEDGER_TEST_PG_URL to run it)");
+        let Some(pool) = pg_pool("upgrade").await else {
             return;
         };
-        let schema = format!("t_upgrade_{}", std::process::id());
-        Store::drop_schema(&pg, &schema).await.unwrap();
-        let setup = AnyPoolOptions::new()
-            .max_connections(1)
-            .connect(&pg)
-            .await
-            .unwrap();
-        setup
-            .execute(format!("CREATE SCHEMA {schema}").as_str())
-            .await
-            .unwrap();
-        setup.close().await;
-        let pool = AnyPoolOptions::new()
-            .max_connections(1)
-            .after_connect(move |conn, _| {
-                let schema = schema.clone();
-                Box::pin(async move {
-                    conn.execute(format!("SET search_path TO {schema}").as_str())
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect(&pg)
-            .await
-            .unwrap();
         check_upgrades(pool, Backend::Postgres).await;
     }
 }
