@@ -739,7 +739,14 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
         }
     }
     if let Some(t) = c.table(root, "database") {
-        c.unknown_keys(t, "database", &["sqlite_synchronous"]);
+        c.unknown_keys(
+            t,
+            "database",
+            &["sqlite_synchronous", "sqlite_max_size_mib"],
+        );
+        if let Some(v) = c.integer(t, "database", "sqlite_max_size_mib", 0, 1 << 40) {
+            s.sqlite_max_size_mib = (v > 0).then_some(v as u64);
+        }
         if let Some(v) = c.string(t, "database", "sqlite_synchronous") {
             match v.to_ascii_lowercase().as_str() {
                 "full" => s.sqlite_full_sync = true,
@@ -1091,6 +1098,13 @@ max_connections = 2000
                 .sqlite_full_sync
         );
         assert!(parse("[database]\nsqlite_synchronous = \"off\"").is_err());
+        assert_eq!(
+            parse("[database]\nsqlite_max_size_mib = 2048")
+                .unwrap()
+                .settings
+                .sqlite_max_size_mib,
+            Some(2048)
+        );
         let defaults = parse("").unwrap();
         assert_eq!(defaults.web.rate, Some(gpuledger_web::RateLimit::default()));
         assert_eq!(defaults.settings.new_gpus_per_day, Some(10_000));

@@ -28,6 +28,10 @@ pub struct Settings {
     /// a commit survives the process being killed, but the last commits before a power loss
     /// may be rolled back (the database stays consistent). PostgreSQL keeps its own setting.
     pub sqlite_full_sync: bool,
+    /// The most a SQLite database file may grow to, in MiB (`None`: until the disk is full).
+    /// At the cap, as on a full disk, a push is refused with 503 and nothing kept, and reads go
+    /// on; a higher cap, or space freed, lets writes resume.
+    pub sqlite_max_size_mib: Option<u64>,
     pub rates: RateTable,
     /// Ordered ownership rules and explicit assignments.
     pub ownership: OwnershipRules,
@@ -45,6 +49,7 @@ impl Default for Settings {
             new_gpus_per_day: Some(10_000),
             audit_retention_days: 400,
             sqlite_full_sync: false,
+            sqlite_max_size_mib: None,
             rates: RateTable::default(),
             ownership: OwnershipRules::default(),
         }

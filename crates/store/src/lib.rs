@@ -382,10 +382,22 @@ impl Store {
         } else {
             "NORMAL"
         };
+        // A size cap in pages of the default 4 KiB; SQLite answers "database or disk is full"
+        // beyond it, as on a full disk.
+        let max_pages = settings
+            .sqlite_max_size_mib
+            .map(|mib| {
+                format!(
+                    " PRAGMA max_page_count = {};",
+                    mib.saturating_mul(256).max(1)
+                )
+            })
+            .unwrap_or_default();
         let pool = AnyPoolOptions::new()
             .max_connections(max)
             .after_connect(move |conn, _meta| {
                 let schema = schema.clone();
+                let max_pages = max_pages.clone();
                 Box::pin(async move {
                     match backend {
                         Backend::Sqlite => {
@@ -393,7 +405,8 @@ impl Store {
                                 format!(
                                     "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; \
                                      PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; \
-                                     PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;"
+                                     PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;\
+                                     {max_pages}"
                                 )
                                 .as_str(),
                             )

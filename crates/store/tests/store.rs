@@ -2888,3 +2888,66 @@ async fn ingest_a_pusher_an_hour_off_is_stored_or_refused_by_the_rule(store: Sto
 }
 
 both!(ingest_a_pusher_an_hour_off_is_stored_or_refused_by_the_rule);
+
+/// A full disk, as SQLite sees it (`sqlite_max_size_mib` caps the file the way a full disk
+/// would): a push is refused with an error that says so and keeps nothing, reads go on, and
+/// writes resume once there is room again.
+#[tokio::test]
+async fn sqlite_a_full_disk_refuses_writes_keeps_reads_and_recovers() {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}/full.db", dir.0.display());
+    let capped = |mib| Settings {
+        sqlite_max_size_mib: Some(mib),
+        ..Settings::default()
+    };
+    let store = Store::open(&url, capped(1)).await.unwrap();
+    let p = who("lab", None);
+    let body = |i: usize| {
+        let samples: Vec<String> = (0..60)
+            .map(|m| {
+                format!(
+                    r#"{{"gpu_uuid":"GPU-00000000-0000-4000-8000-{i:012}","ts":"2026-12-02T11:{m:02}:00Z","util_pct":50}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"gpus":[{{"uuid":"GPU-00000000-0000-4000-8000-{i:012}","model":"NVIDIA L4","host":"h{i}","labels":{{"team":"nlp"}},"observed_at":"2026-12-02T11:30:00Z"}}],"samples":[{}]}}"#,
+            samples.join(",")
+        )
+    };
+    let ingest = |store: &Store, i: usize| {
+        let map =
+            gpuledger_ledger::decode_body(body(i).as_bytes(), None, Default::default()).unwrap();
+        let store = store.clone();
+        let p = p.clone();
+        async move {
+            store
+                .ingest(&p, validate_body(map, now(), 300), now())
+                .await
+        }
+    };
+    let mut kept = 0;
+    let err = loop {
+        match ingest(&store, kept).await {
+            Ok(_) => kept += 1,
+            Err(e) => break e,
+        }
+        assert!(kept < 10_000, "1 MiB never filled up");
+    };
+    assert!(err.to_string().contains("full"), "{err}");
+    // Reads go on, and the refused push left nothing.
+    let w = Window {
+        from: t("2026-12-02T00:00:00Z").timestamp(),
+        to: now().timestamp(),
+    };
+    let s = store
+        .summary(w, &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(s.total.gpus, kept as i64, "{:?}", s.total);
+    drop(store);
+    // Room again: the same push goes through.
+    let store = Store::open(&url, capped(64)).await.unwrap();
+    let out = ingest(&store, kept).await.unwrap();
+    assert_eq!(out.accepted.samples, 60);
+}
