@@ -2951,3 +2951,127 @@ async fn sqlite_a_full_disk_refuses_writes_keeps_reads_and_recovers() {
     let out = ingest(&store, kept).await.unwrap();
     assert_eq!(out.accepted.samples, 60);
 }
+
+/// Late data, as a property: samples at random minutes of three days, pushed in shuffled
+/// batches (so most hours are rolled, then rolled again when a late sample of theirs arrives),
+/// and for random windows the summary's busy and idle hours and average activity equal what
+/// the raw samples give: per GPU and hour the mean of its samples, idle below the threshold,
+/// the average over measured hours. The windows start and end at any hour, so both the day
+/// rollups (whole days) and the hour rows (partial days) are checked.
+async fn rollup_hours_and_days_equal_the_raw_samples_for_any_window(store: Store) {
+    let base = t("2026-11-29T00:00:00Z").timestamp();
+    let at = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
+    let hours: i64 = 72;
+    for seed in 1..=3u64 {
+        let mut r = Lcg(seed * 104_729);
+        let p = who(&format!("late-{seed}"), None);
+        let gpus: Vec<String> = (0..3)
+            .map(|i| format!("GPU-{seed:08x}-1111-0000-0000-{i:012x}"))
+            .collect();
+        // (gpu index, ts, util)
+        let mut raw: Vec<(usize, i64, u64)> = Vec::new();
+        for g in 0..gpus.len() {
+            for _ in 0..150 {
+                let ts = base + r.below(hours as u64 * 60) as i64 * 60;
+                // Some idle (below 5 %), most not.
+                let util = if r.below(4) == 0 {
+                    r.below(5)
+                } else {
+                    r.below(101)
+                };
+                if !raw.iter().any(|&(gg, tt, _)| gg == g && tt == ts) {
+                    raw.push((g, ts, util));
+                }
+            }
+        }
+        let inventory: Vec<String> = gpus
+            .iter()
+            .map(|g| {
+                format!(
+                    r#"{{"uuid":"{g}","model":"NVIDIA L4","labels":{{"team":"t{seed}"}},"observed_at":"{}"}}"#,
+                    at(base).to_rfc3339()
+                )
+            })
+            .collect();
+        push(
+            &store,
+            &p,
+            &format!(r#"{{"gpus":[{}]}}"#, inventory.join(",")),
+        )
+        .await;
+        // Shuffled, in batches of 1 to 40.
+        let mut order: Vec<usize> = (0..raw.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        let mut rest = &order[..];
+        while !rest.is_empty() {
+            let n = (1 + r.below(40) as usize).min(rest.len());
+            let samples: Vec<String> = rest[..n]
+                .iter()
+                .map(|&k| {
+                    let (g, ts, util) = raw[k];
+                    format!(
+                        r#"{{"gpu_uuid":"{}","ts":"{}","util_pct":{util}}}"#,
+                        gpus[g],
+                        at(ts).to_rfc3339()
+                    )
+                })
+                .collect();
+            let out = push(
+                &store,
+                &p,
+                &format!(r#"{{"samples":[{}]}}"#, samples.join(",")),
+            )
+            .await;
+            assert!(out.rejected.is_empty(), "{out:?}");
+            rest = &rest[n..];
+        }
+        for _ in 0..6 {
+            let a = r.below(hours as u64) as i64;
+            let b = a + 1 + r.below((hours - a) as u64) as i64;
+            let (from, to) = (base + a * 3600, base + b * 3600);
+            // Expected, from the raw samples.
+            let mut per_hour: std::collections::BTreeMap<(usize, i64), (f64, u32)> =
+                Default::default();
+            for &(g, ts, util) in &raw {
+                if ts >= from && ts < to {
+                    let e = per_hour.entry((g, ts - ts.rem_euclid(3600))).or_default();
+                    e.0 += util as f64;
+                    e.1 += 1;
+                }
+            }
+            let acts: Vec<f64> = per_hour.values().map(|(s, n)| s / *n as f64).collect();
+            let idle = acts.iter().filter(|a| **a < 5.0).count() as i64;
+            let busy = acts.len() as i64 - idle;
+            let avg = acts.iter().sum::<f64>() / acts.len().max(1) as f64;
+            let s = store
+                .summary(
+                    Window { from, to },
+                    &Filters {
+                        team: vec![format!("t{seed}")],
+                        ..Default::default()
+                    },
+                    GroupBy::Team,
+                    now(),
+                )
+                .await
+                .unwrap();
+            let w = format!("seed {seed}, hours {a}..{b}");
+            assert_eq!(s.total.busy_hours, busy, "{w}: {:?}", s.total);
+            assert_eq!(s.total.idle_hours, idle, "{w}: {:?}", s.total);
+            if acts.is_empty() {
+                assert_eq!(s.total.avg_activity_pct, None, "{w}");
+            } else {
+                let got = s.total.avg_activity_pct.unwrap();
+                // The summary gives the average to 0.01.
+                assert!(
+                    (got - avg).abs() <= 0.005 + 1e-9,
+                    "{w}: {got} against {avg}"
+                );
+            }
+        }
+    }
+}
+
+both!(rollup_hours_and_days_equal_the_raw_samples_for_any_window);
