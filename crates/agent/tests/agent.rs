@@ -4,7 +4,8 @@
 //! were read off the files by hand, not from the parser); `robust_*` feed mutated corpus bytes
 //! to every parser; `e2e_*` run the real `gpuledger-agent` binary with a fake `nvidia-smi` on
 //! PATH (a shell script written here that prints corpus files) against a real `gpuledger`
-//! server on a fresh SQLite file; `outage_*` stop and restart that server under a running agent.
+//! server on a fresh SQLite file; `outage_*` stop and restart that server under a running agent,
+//! or put a proxy in front of it that loses its answers or fails requests in its place.
 //!
 //! Where the corpus is absent, the tests that need it say so and pass.
 
@@ -13,7 +14,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuledger_agent::source::{smi_csv, smi_xml, GpuReading, ProcessReading};
@@ -1072,7 +1073,7 @@ fn e2e_once_with_the_server_down_fails_loudly_and_keeps_the_body() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// outage_*: the server goes away under a running agent and comes back
+// outage_*: the server goes away under a running agent and comes back, or fails now and then
 
 /// A TCP proxy between agent and server that can drop the server's replies after the server
 /// has stored the body: an acknowledgement lost in flight.
@@ -1144,6 +1145,154 @@ impl Proxy {
 }
 
 impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// What [`FaultProxy`] does with a request: pass it to the server, or answer it itself with a
+/// status (and a `Retry-After` in seconds) so that the server never sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Forward,
+    Status(u16, Option<u32>),
+}
+
+/// One request as [`FaultProxy`] saw it.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    /// When its head had arrived.
+    at: Instant,
+    answer: Answer,
+    /// When the proxy began writing its own answer (forwarded requests: `None`).
+    answered: Option<Instant>,
+}
+
+/// A loopback HTTP proxy that reads each request and, following a script indexed by request
+/// number, forwards it to the server or answers it itself: a server that fails now and then.
+/// Every connection carries one request (`Connection: close` both ways), so that the script
+/// sees every request the agent makes.
+struct FaultProxy {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    fn start(backend: u16, script: Vec<Answer>) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sn, st) = (seen.clone(), stop.clone());
+        let script = Arc::new(script);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let (sn, script) = (sn.clone(), script.clone());
+                std::thread::spawn(move || FaultProxy::serve(client, backend, &script, &sn));
+            }
+        });
+        FaultProxy { port, seen, stop }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn serve(mut client: TcpStream, backend: u16, script: &[Answer], seen: &Mutex<Vec<Seen>>) {
+        let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+        let Some(request) = FaultProxy::read_request(&mut client) else {
+            return;
+        };
+        let (idx, answer) = {
+            let mut seen = seen.lock().unwrap();
+            let answer = script.get(seen.len()).copied().unwrap_or(Answer::Forward);
+            seen.push(Seen {
+                at: Instant::now(),
+                answer,
+                answered: None,
+            });
+            (seen.len() - 1, answer)
+        };
+        match answer {
+            Answer::Status(status, retry_after) => {
+                let body = format!(r#"{{"error":"injected {status}"}}"#);
+                let retry_after = retry_after
+                    .map(|s| format!("Retry-After: {s}\r\n"))
+                    .unwrap_or_default();
+                let reply = format!(
+                    "HTTP/1.1 {status} Injected\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n{retry_after}\r\n{body}",
+                    body.len()
+                );
+                // Stamped before writing: the agent cannot have the answer any earlier.
+                seen.lock().unwrap()[idx].answered = Some(Instant::now());
+                let _ = client.write_all(reply.as_bytes());
+                let _ = client.flush();
+            }
+            Answer::Forward => {
+                if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)) {
+                    if server.write_all(&request).is_ok() {
+                        let _ = std::io::copy(&mut server, &mut client);
+                    }
+                    let _ = server.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// One whole request (head and `Content-Length` body), rewritten to `Connection: close`.
+    fn read_request(client: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if buf.len() > 64 * 1024 {
+                return None;
+            }
+            let n = client.read(&mut chunk).ok().filter(|n| *n > 0)?;
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let mut body = buf.split_off(head_end);
+        let head = String::from_utf8_lossy(&buf).into_owned();
+        let header = |name: &str| {
+            head.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.trim().to_string())
+        };
+        assert!(
+            header("transfer-encoding").is_none(),
+            "the proxy reads Content-Length bodies only:\n{head}"
+        );
+        let length: usize = header("content-length").and_then(|v| v.parse().ok())?;
+        while body.len() < length {
+            let n = client.read(&mut chunk).ok().filter(|n| *n > 0)?;
+            body.extend_from_slice(&chunk[..n]);
+        }
+        let mut out = String::new();
+        for line in head.split("\r\n").filter(|l| !l.is_empty()) {
+            if !line.to_ascii_lowercase().starts_with("connection:") {
+                out.push_str(line);
+                out.push_str("\r\n");
+            }
+        }
+        out.push_str("Connection: close\r\n\r\n");
+        let mut request = out.into_bytes();
+        request.extend_from_slice(&body);
+        Some(request)
+    }
+}
+
+impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect(("127.0.0.1", self.port));
@@ -1321,6 +1470,147 @@ fn outage_every_sample_arrives_exactly_once() {
     );
     let left = buffered(&buf);
     assert!(left.is_empty(), "nothing left unsent: {left:?}");
+    server.stop();
+}
+
+#[test]
+fn outage_intermittent_5xx_and_429_are_retried_and_every_sample_arrives_once() {
+    use Answer::{Forward as F, Status as S};
+
+    let c = require_corpus!();
+    let started = Instant::now();
+    let tmp = TempDir::new("faults");
+    let bin = fake_smi(&tmp.0);
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("faults-host");
+    // By request number. The 429 follows a delivered request, which resets the backoff: had
+    // the agent ignored `Retry-After`, its next request would come within 1 s (the first wait
+    // is drawn from [0.5, 1] s); honouring it, no sooner than 2 s.
+    const RETRY_AFTER: u32 = 2;
+    let script = vec![
+        F,
+        S(503, None),
+        S(500, None),
+        F,
+        S(502, None),
+        F,
+        S(429, Some(RETRY_AFTER)),
+    ];
+    let injected = script.iter().filter(|a| **a != F).count();
+    let proxy = FaultProxy::start(server.port, script.clone());
+    let count = tmp.0.join("reads");
+    let buf = tmp.0.join("buf");
+    let log_path = tmp.0.join("agent.log");
+    let e = &XML[0];
+    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
+        .chain(
+            e.migs
+                .iter()
+                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
+        )
+        .collect();
+    let per_read = uuids.len();
+    // The script takes about 7 s (at most about 11) of 1 s reads; the rest is margin.
+    const READS: usize = 15;
+    let mut child = Killed(
+        agent(&bin)
+            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
+            .args(["--source", "smi-xml"])
+            .args([
+                "--token",
+                &token,
+                "--interval-secs",
+                "1",
+                "--retry-max-secs",
+                "2",
+            ])
+            .args(["--host", "faults-node", "--no-processes"])
+            .arg("--buffer-dir")
+            .arg(&buf)
+            .env("FAKE_SMI_XML", smi_file(&c, e.file))
+            .env("FAKE_SMI_COUNT", &count)
+            .env("FAKE_SMI_MAX", READS.to_string())
+            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let stored_now = || -> i64 {
+        uuids
+            .iter()
+            .map(|u| stored_samples(&server.base(), u))
+            .sum()
+    };
+    let done = wait_for(Duration::from_secs(40), || {
+        proxy.seen().len() > script.len()
+            && lines(&count) >= READS
+            && stored_now() >= (READS * per_read) as i64
+    });
+    assert!(
+        done,
+        "timed out: {} requests seen (the script has {}), {} reads, {} samples stored\n{}",
+        proxy.seen().len(),
+        script.len(),
+        lines(&count),
+        stored_now(),
+        log()
+    );
+    // The last acknowledgement empties the buffer a moment after the server stored the body.
+    assert!(
+        wait_for(Duration::from_secs(5), || buffered(&buf).is_empty()),
+        "nothing left unsent: {:?}\n{}",
+        buffered(&buf),
+        log()
+    );
+    child.stop();
+
+    let seen = proxy.seen();
+    let produced = lines(&count) * per_read;
+    let stored = stored_now();
+    let log = log();
+    let absorbed: u64 = log
+        .lines()
+        .filter(|l| l.contains(" delivered"))
+        .filter_map(|l| l.split("duplicate_samples=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    let i429 = seen
+        .iter()
+        .position(|s| s.answer == S(429, Some(RETRY_AFTER)))
+        .unwrap();
+    let gap = seen[i429 + 1].at - seen[i429].answered.unwrap();
+    eprintln!(
+        "faults: {} requests, {injected} answered by the proxy ({:?}); samples produced \
+         {produced}, stored {stored}, re-sent and absorbed as duplicates {absorbed}; next \
+         request {:.2} s after the 429 with Retry-After: {RETRY_AFTER}; {:.1} s in all",
+        seen.len(),
+        seen.iter()
+            .filter_map(|s| match s.answer {
+                S(status, _) => Some(status),
+                F => None,
+            })
+            .collect::<Vec<_>>(),
+        gap.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    // Every injected failure was answered and the agent came back after each.
+    assert_eq!(
+        seen.iter().filter(|s| s.answered.is_some()).count(),
+        injected
+    );
+    assert_eq!(seen[i429 - 1].answer, F, "the 429 follows a delivery");
+    assert!(
+        gap >= Duration::from_millis(u64::from(RETRY_AFTER) * 1000 - 100),
+        "the agent came back {:.2} s after a 429 with Retry-After: {RETRY_AFTER}\n{log}",
+        gap.as_secs_f64()
+    );
+    // Failed requests never reached the server and no answer was lost: nothing was re-sent
+    // that the server already had, and every sample is stored exactly once.
+    assert_eq!(absorbed, 0, "no sample was stored twice\n{log}");
+    assert_eq!(stored, produced as i64, "every sample exactly once\n{log}");
     server.stop();
 }
 
