@@ -5,28 +5,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
-    c.env_remove("GPULEDGER_DATABASE_URL")
-        .env_remove("GPULEDGER_CONFIG");
-    c
-}
+mod common;
+
+use common::{bin, serve_file, serve_in, token, Server};
 
 fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuledger-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-struct Server(Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    common::tempdir("cli", name)
 }
 
 /// Start `gpuledger serve` on a free port and return it with its base URL.
@@ -36,45 +22,9 @@ fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
 
 /// [`serve`] with extra environment variables.
 fn serve_with_env(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server, String) {
-    let (server, url) = serve_any(dir, extra, env);
+    let (server, url) = serve_in(dir, extra, env);
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     (server, url)
-}
-
-/// Start `gpuledger serve` on a free port; returns it with the base URL its start-up line
-/// gives (`http://` or, with TLS configured, `https://`).
-fn serve_any(dir: &Path, extra: &[&str], env: &[(&str, String)]) -> (Server, String) {
-    let mut child = bin()
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_string();
-    (Server(child), url)
-}
-
-fn token(dir: &Path, args: &[&str]) -> String {
-    let out = bin()
-        .args(["token", "create"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    stdout.lines().last().unwrap().trim().to_string()
 }
 
 #[tokio::test]
@@ -373,25 +323,6 @@ fn bench_prometheus_script_backfills_and_agrees_per_team() {
     }
     assert!(unknown > 0, "the fleet has unmeasured hours: {text}");
     assert!(text.contains("agree: for every team"), "{text}");
-}
-
-/// Serve one file over HTTP on a free port from a thread, for as long as the test runs.
-fn serve_file(body: String) -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    format!("http://{addr}/metrics")
 }
 
 #[tokio::test]
@@ -1436,7 +1367,7 @@ async fn serve_https_and_reload_a_renewed_certificate() {
     )
     .unwrap();
     let token = token(&dir, &["--source", "cron"]);
-    let (_server, base) = serve_any(&dir, &["--config", cfg.to_str().unwrap()], &[]);
+    let (_server, base) = serve_in(&dir, &["--config", cfg.to_str().unwrap()], &[]);
     assert!(base.starts_with("https://127.0.0.1:"), "{base}");
     let trusting = |pem: &[u8]| {
         reqwest::Client::builder()

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The marker, on the line just before a fence: `<!-- not run in tests: REASON -->`.
@@ -41,25 +41,15 @@ const SHELLS: [&str; 4] = ["sh", "bash", "shell", "console"];
 /// Longest a block may run (a debug build on a busy machine).
 const BLOCK_LIMIT: Duration = Duration::from_secs(240);
 
+mod common;
+
+use common::{bin, serve_file, tempdir, Server};
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
         .unwrap()
-}
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
-    c.env_remove("GPULEDGER_DATABASE_URL")
-        .env_remove("GPULEDGER_CONFIG");
-    c
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuledger-docs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn run_ok(cmd: &mut Command) -> String {
@@ -182,33 +172,6 @@ fn corpus_dir() -> PathBuf {
         .unwrap_or_else(|| repo().join("../shared/fixtures"))
 }
 
-/// Serve one file over HTTP on a free port from a thread, for as long as the test runs.
-fn serve_file(body: String) -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    format!("http://{addr}/metrics")
-}
-
-struct Server(Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `gpuledger serve --config gpuledger.toml` on a free port in `dir`; returns it with the
 /// base URL of its start-up line.
 fn serve(dir: &Path) -> (Server, String) {
@@ -245,7 +208,7 @@ struct Prepared {
 }
 
 fn prepare(corpus: &Path) -> Prepared {
-    let dir = tempdir("prepared");
+    let dir = tempdir("docs", "prepared");
     // HTTPS: a self-signed certificate for 127.0.0.1, which curl trusts through CURL_CA_BUNDLE.
     run_ok(
         Command::new("openssl")

@@ -6,28 +6,15 @@
 //! one of its samples as a duplicate (it has them all). Rounds: `GPULEDGER_KILL_ROUNDS`
 //! (default 4); as a soak, `GPULEDGER_KILL_ROUNDS=100` (docs/testing.md).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
-    c.env_remove("GPULEDGER_DATABASE_URL")
-        .env_remove("GPULEDGER_CONFIG");
-    c
-}
+mod common;
 
-struct Server(Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{serve_in, token, Server};
 
 /// `gpuledger serve` on a free port, with no rate limit (the test pushes as fast as it can).
 fn serve(dir: &Path) -> (Server, String) {
@@ -36,26 +23,7 @@ fn serve(dir: &Path) -> (Server, String) {
         "[ingest]\nrecords_per_sec = 0\n",
     )
     .unwrap();
-    let mut child = bin()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            "gpuledger.toml",
-        ])
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("serving on"), "serve did not start: {line:?}");
-    let url = line.trim().rsplit(' ').next().unwrap().to_string();
-    (Server(child), url)
+    serve_in(dir, &["--config", "gpuledger.toml"], &[])
 }
 
 const GPUS: usize = 4;
@@ -122,19 +90,7 @@ async fn kill_9_under_load_loses_no_acknowledged_sample() {
     let dir = std::env::temp_dir().join(format!("gpuledger-faults-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let out = bin()
-        .args(["token", "create", "--source", "load"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let token = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = token(&dir, &["--source", "load"]);
     // Samples of the last few days: within the raw retention, whatever the rounds.
     let base = chrono::Utc::now() - chrono::Duration::days(3);
     let next = Arc::new(Mutex::new(0usize));

@@ -15,18 +15,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
-    c.env_remove("GPULEDGER_DATABASE_URL")
-        .env_remove("GPULEDGER_CONFIG");
-    c
-}
+mod common;
+
+use common::bin;
 
 fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuledger-reload-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tempdir("reload", name)
 }
 
 /// The corpus root: `$GPULEDGER_CORPUS`, else `<repo>/../shared/fixtures`. These tests need it
