@@ -5,7 +5,8 @@
 //! to every parser; `e2e_*` run the real `gpuledger-agent` binary with a fake `nvidia-smi` on
 //! PATH (a shell script written here that prints corpus files) against a real `gpuledger`
 //! server on a fresh SQLite file; `outage_*` stop and restart that server under a running agent,
-//! or put a proxy in front of it that loses its answers or fails requests in its place.
+//! or put a proxy in front of it that delays requests, resets them mid-body, loses the
+//! server's answers or fails requests in its place.
 //!
 //! Where the corpus is absent, the tests that need it say so and pass.
 
@@ -1152,11 +1153,24 @@ impl Drop for Proxy {
 }
 
 /// What [`FaultProxy`] does with a request: pass it to the server, or answer it itself with a
-/// status (and a `Retry-After` in seconds) so that the server never sees it.
+/// status (and a `Retry-After` in seconds) so that the server never sees it; or pass it on only
+/// after a delay (latency), reset the connection part-way through its body (nothing reaches the
+/// server), or pass it on and drop the server's answer (a lost acknowledgement: stored, but the
+/// agent never hears so).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answer {
     Forward,
     Status(u16, Option<u32>),
+    Delay(Duration),
+    ResetMidBody,
+    LoseReply,
+}
+
+/// The server's counts of samples in its answer to a forwarded request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stored {
+    samples: u64,
+    duplicate_samples: u64,
 }
 
 /// One request as [`FaultProxy`] saw it.
@@ -1167,6 +1181,13 @@ struct Seen {
     answer: Answer,
     /// When the proxy began writing its own answer (forwarded requests: `None`).
     answered: Option<Instant>,
+    /// `Content-Length`, and how much of the body the proxy read before acting.
+    length: usize,
+    body_read: usize,
+    /// When it was passed to the server (never: `None`).
+    forwarded: Option<Instant>,
+    /// What the server answered, passed on to the agent or not.
+    stored: Option<Stored>,
 }
 
 /// A loopback HTTP proxy that reads each request and, following a script indexed by request
@@ -1206,7 +1227,7 @@ impl FaultProxy {
 
     fn serve(mut client: TcpStream, backend: u16, script: &[Answer], seen: &Mutex<Vec<Seen>>) {
         let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
-        let Some(request) = FaultProxy::read_request(&mut client) else {
+        let Some((head, length)) = FaultProxy::read_head(&mut client) else {
             return;
         };
         let (idx, answer) = {
@@ -1216,8 +1237,22 @@ impl FaultProxy {
                 at: Instant::now(),
                 answer,
                 answered: None,
+                length,
+                body_read: 0,
+                forwarded: None,
+                stored: None,
             });
             (seen.len() - 1, answer)
+        };
+        // A reset takes the first half of the body and leaves the rest unread in the socket.
+        let want = match answer {
+            Answer::ResetMidBody => (length / 2).max(1),
+            _ => length,
+        };
+        let body = FaultProxy::read_body(&mut client, want);
+        seen.lock().unwrap()[idx].body_read = body.as_ref().map_or(0, Vec::len);
+        let Some(body) = body else {
+            return;
         };
         match answer {
             Answer::Status(status, retry_after) => {
@@ -1235,33 +1270,51 @@ impl FaultProxy {
                 let _ = client.write_all(reply.as_bytes());
                 let _ = client.flush();
             }
-            Answer::Forward => {
+            Answer::ResetMidBody => {
+                // Let the rest of the body arrive, then close with it unread: the kernel
+                // answers with a reset, not an orderly close. Nothing went to the server.
+                std::thread::sleep(Duration::from_millis(200));
+                drop(client);
+                return;
+            }
+            Answer::Forward | Answer::Delay(_) | Answer::LoseReply => {
+                if let Answer::Delay(d) = answer {
+                    std::thread::sleep(d);
+                }
+                let mut request = head;
+                request.extend_from_slice(&body);
                 if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)) {
+                    seen.lock().unwrap()[idx].forwarded = Some(Instant::now());
+                    let mut reply = Vec::new();
                     if server.write_all(&request).is_ok() {
-                        let _ = std::io::copy(&mut server, &mut client);
+                        let _ = server.read_to_end(&mut reply);
                     }
                     let _ = server.shutdown(std::net::Shutdown::Both);
+                    seen.lock().unwrap()[idx].stored = FaultProxy::counts(&reply);
+                    // A lost acknowledgement: the server has stored the body and answered
+                    // (read in full above); the agent gets a closed connection instead.
+                    if answer != Answer::LoseReply {
+                        let _ = client.write_all(&reply);
+                    }
                 }
             }
         }
         let _ = client.shutdown(std::net::Shutdown::Both);
     }
 
-    /// One whole request (head and `Content-Length` body), rewritten to `Connection: close`.
-    fn read_request(client: &mut TcpStream) -> Option<Vec<u8>> {
+    /// A request's head, up to and including its blank line and rewritten to
+    /// `Connection: close`, and its `Content-Length`. Read a byte at a time, so that none of
+    /// the body is taken from the socket yet.
+    fn read_head(client: &mut TcpStream) -> Option<(Vec<u8>, usize)> {
         let mut buf = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
             if buf.len() > 64 * 1024 {
                 return None;
             }
-            let n = client.read(&mut chunk).ok().filter(|n| *n > 0)?;
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        let mut body = buf.split_off(head_end);
+            let n = client.read(&mut byte).ok().filter(|n| *n > 0)?;
+            buf.extend_from_slice(&byte[..n]);
+        }
         let head = String::from_utf8_lossy(&buf).into_owned();
         let header = |name: &str| {
             head.lines()
@@ -1274,10 +1327,6 @@ impl FaultProxy {
             "the proxy reads Content-Length bodies only:\n{head}"
         );
         let length: usize = header("content-length").and_then(|v| v.parse().ok())?;
-        while body.len() < length {
-            let n = client.read(&mut chunk).ok().filter(|n| *n > 0)?;
-            body.extend_from_slice(&chunk[..n]);
-        }
         let mut out = String::new();
         for line in head.split("\r\n").filter(|l| !l.is_empty()) {
             if !line.to_ascii_lowercase().starts_with("connection:") {
@@ -1286,9 +1335,28 @@ impl FaultProxy {
             }
         }
         out.push_str("Connection: close\r\n\r\n");
-        let mut request = out.into_bytes();
-        request.extend_from_slice(&body);
-        Some(request)
+        Some((out.into_bytes(), length))
+    }
+
+    /// Exactly `length` bytes of body (`None` when the client went away first).
+    fn read_body(client: &mut TcpStream, length: usize) -> Option<Vec<u8>> {
+        let mut body = vec![0u8; length];
+        client.read_exact(&mut body).ok()?;
+        Some(body)
+    }
+
+    /// The sample counts in a server's `200` answer (`None` for anything else).
+    fn counts(reply: &[u8]) -> Option<Stored> {
+        let text = String::from_utf8_lossy(reply);
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        let v: Value = serde_json::from_str(body).ok()?;
+        Some(Stored {
+            samples: v["accepted"]["samples"].as_u64()?,
+            duplicate_samples: v["duplicates"]["samples"].as_u64()?,
+        })
     }
 }
 
@@ -1590,7 +1658,7 @@ fn outage_intermittent_5xx_and_429_are_retried_and_every_sample_arrives_once() {
         seen.iter()
             .filter_map(|s| match s.answer {
                 S(status, _) => Some(status),
-                F => None,
+                _ => None,
             })
             .collect::<Vec<_>>(),
         gap.as_secs_f64(),
@@ -1611,6 +1679,174 @@ fn outage_intermittent_5xx_and_429_are_retried_and_every_sample_arrives_once() {
     // that the server already had, and every sample is stored exactly once.
     assert_eq!(absorbed, 0, "no sample was stored twice\n{log}");
     assert_eq!(stored, produced as i64, "every sample exactly once\n{log}");
+    server.stop();
+}
+
+#[test]
+fn outage_latency_and_resets_mid_body_lose_and_duplicate_nothing() {
+    use Answer::{Delay, Forward as F, LoseReply, ResetMidBody};
+
+    let c = require_corpus!();
+    let started = Instant::now();
+    let tmp = TempDir::new("resets");
+    let bin = fake_smi(&tmp.0);
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("resets-host");
+    // By request number: a slow hop, a connection reset half-way through a body, and an
+    // acknowledgement lost after the server stored the body; each followed by a plain request.
+    const LATENCY: Duration = Duration::from_millis(1500);
+    let script = vec![F, Delay(LATENCY), F, ResetMidBody, F, LoseReply, F];
+    let at = |a: Answer| script.iter().position(|s| *s == a).unwrap();
+    let (slow, reset, lost) = (at(Delay(LATENCY)), at(ResetMidBody), at(LoseReply));
+    let proxy = FaultProxy::start(server.port, script.clone());
+    let count = tmp.0.join("reads");
+    let buf = tmp.0.join("buf");
+    let log_path = tmp.0.join("agent.log");
+    let e = &XML[0];
+    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
+        .chain(
+            e.migs
+                .iter()
+                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
+        )
+        .collect();
+    let per_read = uuids.len();
+    // The script takes about 8 s of 1 s reads; the rest is margin.
+    const READS: usize = 12;
+    let mut child = Killed(
+        agent(&bin)
+            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
+            .args(["--source", "smi-xml"])
+            .args([
+                "--token",
+                &token,
+                "--interval-secs",
+                "1",
+                "--retry-max-secs",
+                "2",
+            ])
+            .args(["--host", "resets-node", "--no-processes"])
+            .arg("--buffer-dir")
+            .arg(&buf)
+            .env("FAKE_SMI_XML", smi_file(&c, e.file))
+            .env("FAKE_SMI_COUNT", &count)
+            .env("FAKE_SMI_MAX", READS.to_string())
+            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let stored_now = || -> i64 {
+        uuids
+            .iter()
+            .map(|u| stored_samples(&server.base(), u))
+            .sum()
+    };
+    let done = wait_for(Duration::from_secs(30), || {
+        proxy.seen().len() > script.len()
+            && lines(&count) >= READS
+            && stored_now() >= (READS * per_read) as i64
+    });
+    assert!(
+        done,
+        "timed out: {} requests seen (the script has {}), {} reads, {} samples stored\n{}",
+        proxy.seen().len(),
+        script.len(),
+        lines(&count),
+        stored_now(),
+        log()
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || buffered(&buf).is_empty()),
+        "nothing left unsent: {:?}\n{}",
+        buffered(&buf),
+        log()
+    );
+    // Through every fault the agent kept running; it is stopped here, as in the other tests.
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the agent is still running\n{}",
+        log()
+    );
+    child.stop();
+
+    let seen = proxy.seen();
+    let produced = lines(&count) * per_read;
+    let stored = stored_now();
+    let log = log();
+    let absorbed: u64 = log
+        .lines()
+        .filter(|l| l.contains(" delivered"))
+        .filter_map(|l| l.split("duplicate_samples=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("could not deliver"))
+        .count();
+    let counts = |i: usize| {
+        seen[i]
+            .stored
+            .unwrap_or_else(|| panic!("{:?}\n{log}", seen[i]))
+    };
+    let accepted: u64 = seen
+        .iter()
+        .filter_map(|s| s.stored)
+        .map(|s| s.samples)
+        .sum();
+    let duplicated: u64 = seen
+        .iter()
+        .filter_map(|s| s.stored)
+        .map(|s| s.duplicate_samples)
+        .sum();
+    eprintln!(
+        "resets: {} requests; forwarded {:.2} s late; reset after {} of {} body bytes; an \
+         answer to {} stored samples lost; samples produced {produced}, stored {stored}, \
+         re-sent and absorbed as duplicates {duplicated} (agent log {absorbed}); {:.1} s in all",
+        seen.len(),
+        (seen[slow].forwarded.unwrap() - seen[slow].at).as_secs_f64(),
+        seen[reset].body_read,
+        seen[reset].length,
+        counts(lost).samples,
+        started.elapsed().as_secs_f64()
+    );
+    // Latency: the slow request waited and was delivered as it was, not given up and re-sent.
+    assert!(seen[slow].forwarded.unwrap() - seen[slow].at >= LATENCY);
+    assert!(counts(slow).samples > 0 && counts(slow).duplicate_samples == 0);
+    assert_eq!(counts(slow + 1).duplicate_samples, 0, "{log}");
+    // Reset mid-body: part of the body was read, none of it reached the server, and the retry
+    // that carried it again found none of its samples stored.
+    assert!(
+        0 < seen[reset].body_read && seen[reset].body_read < seen[reset].length,
+        "{:?}",
+        seen[reset]
+    );
+    assert!(seen[reset].forwarded.is_none() && seen[reset].stored.is_none());
+    assert_eq!(counts(reset + 1).duplicate_samples, 0, "{log}");
+    assert!(counts(reset + 1).samples > 0);
+    // Lost acknowledgement: the server stored the body; the agent sent it again and the server
+    // counted every one of those samples as a duplicate.
+    assert!(counts(lost).samples > 0);
+    assert_eq!(
+        counts(lost + 1).duplicate_samples,
+        counts(lost).samples,
+        "{log}"
+    );
+    assert!(duplicated > 0);
+    assert_eq!(duplicated, counts(lost).samples, "nothing else was re-sent");
+    assert_eq!(
+        absorbed, duplicated,
+        "the agent logged what the server said"
+    );
+    // The two failed attempts, and no other: latency was not taken for a failure.
+    assert_eq!(failures, 2, "{log}");
+    // Every sample exactly once: in the database, and in the server's answers (which count
+    // the duplicates among the samples they accept).
+    assert_eq!(stored, produced as i64, "every sample exactly once\n{log}");
+    assert_eq!(accepted - duplicated, produced as u64, "{log}");
     server.stop();
 }
 
