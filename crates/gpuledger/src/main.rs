@@ -304,6 +304,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening database {}", redacted(&url)))?;
     spawn_maintenance(store.clone());
     log_skipped(&plan.skipped);
+    let state = AppState::new(store.clone(), cfg.web);
+    pull::count_runs_on(state.metrics.clone());
     let mut pulls = pull::Pulls::new(store.clone());
     pulls.apply(plan).await;
     // Before the address is printed: from then on a SIGHUP reloads instead of ending the process.
@@ -312,13 +314,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {listen}"))?;
     tracing::info!(listen = %listen, database = %redacted(&url), "gpuledger serving");
-    let scheme = if cfg.web.tls.is_some() {
+    let scheme = if state.config.tls.is_some() {
         "https"
     } else {
         "http"
     };
     println!("gpuledger serving on {scheme}://{}", listener.local_addr()?);
-    gpuledger_web::serve(listener, AppState::new(store, cfg.web), shutdown_signal()).await?;
+    gpuledger_web::serve(listener, state, shutdown_signal()).await?;
     Ok(())
 }
 

@@ -351,6 +351,20 @@ impl Pulls {
 /// failover after a leader dies.
 const LEASE_RETRY: Duration = Duration::from_secs(5);
 
+/// The server's metrics, where `serve` sets them: collector runs are counted there.
+static METRICS: OnceLock<std::sync::Arc<gpuledger_web::Metrics>> = OnceLock::new();
+
+/// Count collector runs on `metrics` (the server's `/metrics`) from now on.
+pub fn count_runs_on(metrics: std::sync::Arc<gpuledger_web::Metrics>) {
+    let _ = METRICS.set(metrics);
+}
+
+fn count_run(principal: &Principal, outcome: &str) {
+    if let Some(m) = METRICS.get() {
+        m.collector_run(&principal.source, &principal.kind, outcome);
+    }
+}
+
 /// The process's lease, taken on the first collector's start: every collector of a replica
 /// follows the same one.
 static LEASE: OnceLock<Lease> = OnceLock::new();
@@ -460,10 +474,12 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
     }
     loop {
         let now = chrono::Utc::now();
+        let mut partly = false;
         let result = match collector.collect_report().await {
             Ok(report) => {
                 // Parts that failed are named on the sources page; what worked is kept.
                 if let Some(first) = report.problems.first() {
+                    partly = true;
                     let msg = format!("{} part(s) failed; first: {first}", report.problems.len());
                     tracing::warn!(source = %principal.source, problems = report.problems.len(), first = %first, "collector run partly failed");
                     record_error(store, &principal, &msg, now).await;
@@ -474,6 +490,7 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
                 tracing::error!(source = %principal.source, kind = %principal.kind, error = %e, "collector stopped: its configuration is wrong; fix it and reload gpuledger (systemctl reload gpuledger, or kill -HUP its pid)");
                 let msg = format!("stopped: {e}; {FIX_AND_RELOAD}");
                 record_error(store, &principal, &msg, now).await;
+                count_run(&principal, "stopped");
                 return e;
             }
             Err(e) => Err(e.into()),
@@ -481,6 +498,7 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
         match result {
             Ok(outcome) => {
                 failures = 0;
+                count_run(&principal, if partly { "partial" } else { "ok" });
                 tracing::debug!(
                     source = %principal.source,
                     gpus = outcome.accepted.gpus,
@@ -491,6 +509,7 @@ pub async fn run(store: &Store, collector: &dyn Collector, interval: Duration) -
             }
             Err(e) => {
                 failures += 1;
+                count_run(&principal, "failed");
                 tracing::warn!(source = %principal.source, kind = %principal.kind, error = %e, failures, "collector run failed");
                 record_error(store, &principal, &e.to_string(), now).await;
             }

@@ -367,6 +367,19 @@ async fn serve_runs_a_configured_dcgm_collector() {
         .unwrap();
     assert_eq!(sources["items"][0]["kind"], "dcgm");
     assert_eq!(sources["items"][0]["status"], "ok");
+    // The run is counted on the server's own metrics.
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"gpuledger_collector_runs_total{source="dcgm-lab",kind="dcgm",outcome="ok"}"#
+        ),
+        "{metrics}"
+    );
 }
 
 /// The fake Kubernetes API server of the collect crate's tests: no real API server can run

@@ -29,6 +29,7 @@ use gpuledger_store::{Role, Store};
 pub use axum::http::StatusCode;
 pub use ingest::{ingest_bytes, IngestReply};
 pub use limits::{Limiter, RateLimit};
+pub use metrics::Metrics;
 pub use openapi::OPENAPI_JSON;
 pub use params::ProxyIdentity;
 pub use tls::TlsFiles;

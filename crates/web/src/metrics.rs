@@ -45,6 +45,13 @@ struct RecordLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CollectorLabels {
+    source: String,
+    kind: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusedLabels {
     source: String,
     status: String,
@@ -76,6 +83,7 @@ pub struct Metrics {
     pushes: Family<PushLabels, Counter>,
     records: Family<RecordLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
+    collector_runs: Family<CollectorLabels, Counter>,
     source_lag: Family<SourceLabels, Gauge>,
     source_ok: Family<SourceLabels, Gauge>,
     source_gpus: Family<SourceLabels, Gauge>,
@@ -121,6 +129,14 @@ impl Default for Metrics {
              unknown token) and status: 401, 403, 408, 413, 429 (over the source's rate), ...",
             refused.clone(),
         );
+        let collector_runs = Family::<CollectorLabels, Counter>::default();
+        registry.register(
+            "collector_runs",
+            "Pull collector runs in this replica, by source, kind and outcome: ok, partial (some \
+             parts failed, the rest stored), failed (retried with backoff), stopped (its \
+             configuration is wrong; it waits for a reload)",
+            collector_runs.clone(),
+        );
         let source_lag = Family::<SourceLabels, Gauge>::default();
         registry.register(
             "source_lag_seconds",
@@ -152,6 +168,7 @@ impl Default for Metrics {
             pushes,
             records,
             refused,
+            collector_runs,
             source_lag,
             source_ok,
             source_gpus,
@@ -206,6 +223,17 @@ impl Metrics {
         for r in &out.rejected {
             add(kind_of(&r.path), "rejected", 1);
         }
+    }
+
+    /// Count a pull collector's run.
+    pub fn collector_run(&self, source: &str, kind: &str, outcome: &str) {
+        self.collector_runs
+            .get_or_create(&CollectorLabels {
+                source: source.into(),
+                kind: kind.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     /// Count a push refused before it reached the database.
