@@ -1541,6 +1541,124 @@ fn outage_every_sample_arrives_exactly_once() {
     server.stop();
 }
 
+/// What a run of the real agent through a [`FaultProxy`] left.
+struct FaultRun {
+    /// The requests the proxy saw, in order.
+    seen: Vec<Seen>,
+    /// Samples the agent read.
+    produced: usize,
+    /// Samples the server stored for the agent's GPUs.
+    stored: i64,
+    /// The agent's log.
+    log: String,
+    /// Samples re-sent and counted by the server as duplicates, as the agent logged them.
+    absorbed: u64,
+    /// Whether the agent was still running when the run ended (it is stopped then).
+    running: bool,
+}
+
+/// Run the real agent (the corpus's MIG A100, `reads` reads 1 s apart, retries capped at 2 s)
+/// through a [`FaultProxy`] playing `script` in front of `server`, until the script is played,
+/// every read is stored (within `within_secs`) and the buffer is empty (within 5 s more); then
+/// stop it.
+#[allow(clippy::too_many_arguments)]
+fn through_faults(
+    corpus: &Path,
+    tmp: &Path,
+    bin: &Path,
+    server: &Server,
+    token: &str,
+    host: &str,
+    script: &[Answer],
+    reads: usize,
+    within_secs: u64,
+) -> FaultRun {
+    let proxy = FaultProxy::start(server.port, script.to_vec());
+    let count = tmp.join("reads");
+    let buf = tmp.join("buf");
+    let log_path = tmp.join("agent.log");
+    let e = &XML[0];
+    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
+        .chain(
+            e.migs
+                .iter()
+                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
+        )
+        .collect();
+    let per_read = uuids.len();
+    let mut child = Killed(
+        agent(bin)
+            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
+            .args(["--source", "smi-xml"])
+            .args([
+                "--token",
+                token,
+                "--interval-secs",
+                "1",
+                "--retry-max-secs",
+                "2",
+            ])
+            .args(["--host", host, "--no-processes"])
+            .arg("--buffer-dir")
+            .arg(&buf)
+            .env("FAKE_SMI_XML", smi_file(corpus, e.file))
+            .env("FAKE_SMI_COUNT", &count)
+            .env("FAKE_SMI_MAX", reads.to_string())
+            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let stored_now = || -> i64 {
+        uuids
+            .iter()
+            .map(|u| stored_samples(&server.base(), u))
+            .sum()
+    };
+    let done = wait_for(Duration::from_secs(within_secs), || {
+        proxy.seen().len() > script.len()
+            && lines(&count) >= reads
+            && stored_now() >= (reads * per_read) as i64
+    });
+    assert!(
+        done,
+        "timed out: {} requests seen (the script has {}), {} reads, {} samples stored\n{}",
+        proxy.seen().len(),
+        script.len(),
+        lines(&count),
+        stored_now(),
+        log()
+    );
+    // The last acknowledgement empties the buffer a moment after the server stored the body.
+    assert!(
+        wait_for(Duration::from_secs(5), || buffered(&buf).is_empty()),
+        "nothing left unsent: {:?}\n{}",
+        buffered(&buf),
+        log()
+    );
+    let running = child.0.try_wait().unwrap().is_none();
+    child.stop();
+
+    let log = log();
+    let absorbed = log
+        .lines()
+        .filter(|l| l.contains(" delivered"))
+        .filter_map(|l| l.split("duplicate_samples=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    FaultRun {
+        seen: proxy.seen(),
+        produced: lines(&count) * per_read,
+        stored: stored_now(),
+        log,
+        absorbed,
+        running,
+    }
+}
+
 #[test]
 fn outage_intermittent_5xx_and_429_are_retried_and_every_sample_arrives_once() {
     use Answer::{Forward as F, Status as S};
@@ -1565,86 +1683,25 @@ fn outage_intermittent_5xx_and_429_are_retried_and_every_sample_arrives_once() {
         S(429, Some(RETRY_AFTER)),
     ];
     let injected = script.iter().filter(|a| **a != F).count();
-    let proxy = FaultProxy::start(server.port, script.clone());
-    let count = tmp.0.join("reads");
-    let buf = tmp.0.join("buf");
-    let log_path = tmp.0.join("agent.log");
-    let e = &XML[0];
-    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
-        .chain(
-            e.migs
-                .iter()
-                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
-        )
-        .collect();
-    let per_read = uuids.len();
     // The script takes about 7 s (at most about 11) of 1 s reads; the rest is margin.
-    const READS: usize = 15;
-    let mut child = Killed(
-        agent(&bin)
-            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
-            .args(["--source", "smi-xml"])
-            .args([
-                "--token",
-                &token,
-                "--interval-secs",
-                "1",
-                "--retry-max-secs",
-                "2",
-            ])
-            .args(["--host", "faults-node", "--no-processes"])
-            .arg("--buffer-dir")
-            .arg(&buf)
-            .env("FAKE_SMI_XML", smi_file(&c, e.file))
-            .env("FAKE_SMI_COUNT", &count)
-            .env("FAKE_SMI_MAX", READS.to_string())
-            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
+    let FaultRun {
+        seen,
+        produced,
+        stored,
+        log,
+        absorbed,
+        ..
+    } = through_faults(
+        &c,
+        &tmp.0,
+        &bin,
+        &server,
+        &token,
+        "faults-node",
+        &script,
+        15,
+        40,
     );
-
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let stored_now = || -> i64 {
-        uuids
-            .iter()
-            .map(|u| stored_samples(&server.base(), u))
-            .sum()
-    };
-    let done = wait_for(Duration::from_secs(40), || {
-        proxy.seen().len() > script.len()
-            && lines(&count) >= READS
-            && stored_now() >= (READS * per_read) as i64
-    });
-    assert!(
-        done,
-        "timed out: {} requests seen (the script has {}), {} reads, {} samples stored\n{}",
-        proxy.seen().len(),
-        script.len(),
-        lines(&count),
-        stored_now(),
-        log()
-    );
-    // The last acknowledgement empties the buffer a moment after the server stored the body.
-    assert!(
-        wait_for(Duration::from_secs(5), || buffered(&buf).is_empty()),
-        "nothing left unsent: {:?}\n{}",
-        buffered(&buf),
-        log()
-    );
-    child.stop();
-
-    let seen = proxy.seen();
-    let produced = lines(&count) * per_read;
-    let stored = stored_now();
-    let log = log();
-    let absorbed: u64 = log
-        .lines()
-        .filter(|l| l.contains(" delivered"))
-        .filter_map(|l| l.split("duplicate_samples=").nth(1))
-        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
     let i429 = seen
         .iter()
         .position(|s| s.answer == S(429, Some(RETRY_AFTER)))
@@ -1698,91 +1755,27 @@ fn outage_latency_and_resets_mid_body_lose_and_duplicate_nothing() {
     let script = vec![F, Delay(LATENCY), F, ResetMidBody, F, LoseReply, F];
     let at = |a: Answer| script.iter().position(|s| *s == a).unwrap();
     let (slow, reset, lost) = (at(Delay(LATENCY)), at(ResetMidBody), at(LoseReply));
-    let proxy = FaultProxy::start(server.port, script.clone());
-    let count = tmp.0.join("reads");
-    let buf = tmp.0.join("buf");
-    let log_path = tmp.0.join("agent.log");
-    let e = &XML[0];
-    let uuids: Vec<String> = std::iter::once(e.uuid.to_string())
-        .chain(
-            e.migs
-                .iter()
-                .map(|(gi, ci, _, _)| format!("MIG-{}/{gi}/{ci}", e.uuid)),
-        )
-        .collect();
-    let per_read = uuids.len();
     // The script takes about 8 s of 1 s reads; the rest is margin.
-    const READS: usize = 12;
-    let mut child = Killed(
-        agent(&bin)
-            .args(["--server", &format!("http://127.0.0.1:{}", proxy.port)])
-            .args(["--source", "smi-xml"])
-            .args([
-                "--token",
-                &token,
-                "--interval-secs",
-                "1",
-                "--retry-max-secs",
-                "2",
-            ])
-            .args(["--host", "resets-node", "--no-processes"])
-            .arg("--buffer-dir")
-            .arg(&buf)
-            .env("FAKE_SMI_XML", smi_file(&c, e.file))
-            .env("FAKE_SMI_COUNT", &count)
-            .env("FAKE_SMI_MAX", READS.to_string())
-            .env("GPULEDGER_LOG", "gpuledger_agent=debug")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let stored_now = || -> i64 {
-        uuids
-            .iter()
-            .map(|u| stored_samples(&server.base(), u))
-            .sum()
-    };
-    let done = wait_for(Duration::from_secs(30), || {
-        proxy.seen().len() > script.len()
-            && lines(&count) >= READS
-            && stored_now() >= (READS * per_read) as i64
-    });
-    assert!(
-        done,
-        "timed out: {} requests seen (the script has {}), {} reads, {} samples stored\n{}",
-        proxy.seen().len(),
-        script.len(),
-        lines(&count),
-        stored_now(),
-        log()
-    );
-    assert!(
-        wait_for(Duration::from_secs(5), || buffered(&buf).is_empty()),
-        "nothing left unsent: {:?}\n{}",
-        buffered(&buf),
-        log()
+    let FaultRun {
+        seen,
+        produced,
+        stored,
+        log,
+        absorbed,
+        running,
+    } = through_faults(
+        &c,
+        &tmp.0,
+        &bin,
+        &server,
+        &token,
+        "resets-node",
+        &script,
+        12,
+        30,
     );
     // Through every fault the agent kept running; it is stopped here, as in the other tests.
-    assert!(
-        child.0.try_wait().unwrap().is_none(),
-        "the agent is still running\n{}",
-        log()
-    );
-    child.stop();
-
-    let seen = proxy.seen();
-    let produced = lines(&count) * per_read;
-    let stored = stored_now();
-    let log = log();
-    let absorbed: u64 = log
-        .lines()
-        .filter(|l| l.contains(" delivered"))
-        .filter_map(|l| l.split("duplicate_samples=").nth(1))
-        .filter_map(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
+    assert!(running, "the agent is still running\n{log}");
     let failures = log
         .lines()
         .filter(|l| l.contains("could not deliver"))
