@@ -64,6 +64,21 @@ impl Store {
     ) -> Result<u32> {
         let _writer = self.write_lock.lock().await;
         let mut tx = self.writer_tx().await?;
+        // The host may be known under another name: an alias, or the same cloud instance
+        // reported first under another host name (see `instance_host`).
+        let mut resolved = host_gpus.clone();
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        resolved.host = self
+            .instance_host(
+                &mut tx,
+                who,
+                &host_gpus.host,
+                &host_gpus.labels,
+                observed_at,
+                &mut touched,
+            )
+            .await?;
+        let host_gpus = &resolved;
         let host = host_gpus.host.as_str();
         let count = host_gpus.count;
         let real: Vec<String> = sqlx::query_scalar(&self.sql(
@@ -105,12 +120,15 @@ impl Store {
                 observed_at,
             )
         };
-        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
         for uuid in uuids.iter().chain(&real) {
             let old = known.get(uuid).map(|(_, r)| r);
             let placeholder = gpuledger_model::is_placeholder(uuid);
             let g = template(uuid, old.map(|r| r.model.as_str()).filter(|_| !placeholder));
-            let mut rec = if placeholder {
+            // Placeholders another count source made (a Kubernetes node's, for the instance a
+            // cloud collector also lists) are that source's: this one only fills their gaps,
+            // like a real GPU's.
+            let foreign = placeholder && old.is_some_and(|o| o.source != who.source);
+            let mut rec = if placeholder && !foreign {
                 // Placeholders are the count source's own: it updates all they carry.
                 let mut rec = merge_gpu(None, &g, &who.source, &self.settings);
                 if let Some(old) = old {
@@ -118,6 +136,11 @@ impl Store {
                     rec.last_seen = old.last_seen.max(observed_at);
                     rec.holders = old.holders.clone();
                 }
+                rec.placeholder = true;
+                rec.rederive(&self.settings);
+                rec
+            } else if foreign {
+                let mut rec = merge_gpu(old, &g, &who.source, &self.settings);
                 rec.placeholder = true;
                 rec.rederive(&self.settings);
                 rec
@@ -262,40 +285,155 @@ impl Store {
         }
         let _writer = self.write_lock.lock().await;
         let mut tx = self.writer_tx().await?;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        self.alias_host(&mut tx, who, alias, host, observed_at, &mut touched)
+            .await?;
+        self.reroll(&mut tx, &touched).await?;
+        Ok(tx.commit().await?)
+    }
+
+    /// Record `alias` as another name of `host` (itself resolved through the aliases, so that
+    /// every alias names a host that is no alias) and move the GPUs stored on the alias to the
+    /// host, real ones taking over the host's placeholders.
+    pub(crate) async fn alias_host(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        who: &Principal,
+        alias: &str,
+        host: &str,
+        observed_at: DateTime<Utc>,
+        touched: &mut BTreeMap<i64, Touched>,
+    ) -> Result<()> {
+        let host = self.resolve_host(tx, host).await?;
+        if alias == host {
+            return Ok(());
+        }
         sqlx::query(&self.sql(
             "INSERT INTO host_aliases (alias, host, source, observed_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (alias) DO UPDATE SET host = excluded.host, source = excluded.source, \
              observed_at = excluded.observed_at",
         ))
         .bind(alias.to_string())
-        .bind(host.to_string())
+        .bind(host.clone())
         .bind(who.source.clone())
         .bind(observed_at.timestamp())
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
+        // Names that pointed at the alias now point at the host.
+        sqlx::query(&self.sql("UPDATE host_aliases SET host = $2 WHERE host = $1"))
+            .bind(alias.to_string())
+            .bind(host.clone())
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(&self.sql("UPDATE host_instances SET host = $2 WHERE host = $1"))
+            .bind(alias.to_string())
+            .bind(host.clone())
+            .execute(&mut **tx)
+            .await?;
         let moved: Vec<(i64, Option<String>)> = sqlx::query_as(&self.sql(
             "SELECT id, mig_parent_uuid FROM gpus WHERE host = $1 AND placeholder = 0 ORDER BY uuid",
         ))
         .bind(alias.to_string())
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
         if moved.is_empty() {
-            return Ok(tx.commit().await?);
+            return Ok(());
         }
         sqlx::query(&self.sql("UPDATE gpus SET host = $2 WHERE host = $1"))
             .bind(alias.to_string())
-            .bind(host.to_string())
-            .execute(&mut *tx)
+            .bind(host.clone())
+            .execute(&mut **tx)
             .await?;
-        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
         for (id, parent) in moved {
             if parent.is_none() {
-                self.absorb_placeholder(&mut tx, id, host, &mut touched)
-                    .await?;
+                self.absorb_placeholder(tx, id, &host, touched).await?;
             }
         }
-        self.reroll(&mut tx, &touched).await?;
-        Ok(tx.commit().await?)
+        Ok(())
+    }
+
+    /// The host `host` is an alias of, or `host` itself.
+    pub(crate) async fn resolve_host(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        host: &str,
+    ) -> Result<String> {
+        let to: Option<String> =
+            sqlx::query_scalar(&self.sql("SELECT host FROM host_aliases WHERE alias = $1"))
+                .bind(host.to_string())
+                .fetch_optional(&mut **tx)
+                .await?;
+        Ok(to.unwrap_or_else(|| host.to_string()))
+    }
+
+    /// The host a report about `host` lands on: `host` resolved through the aliases, then, when
+    /// `labels` name a cloud instance (`instance_id`), the host that instance was first
+    /// reported under, which `host` becomes an alias of. So a cloud instance listed by a cloud
+    /// collector, seen as a Kubernetes node and running the agent is one host, whichever came
+    /// first. An instance seen for the first time is looked up among the GPUs' labels, so
+    /// hosts stored before instances were tracked are found too.
+    pub(crate) async fn instance_host(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        who: &Principal,
+        host: &str,
+        labels: &BTreeMap<String, String>,
+        observed_at: DateTime<Utc>,
+        touched: &mut BTreeMap<i64, Touched>,
+    ) -> Result<String> {
+        let host = self.resolve_host(tx, host).await?;
+        let Some(instance) = labels
+            .get("instance_id")
+            .map(|i| i.trim().to_ascii_lowercase())
+            .filter(|i| !i.is_empty())
+        else {
+            return Ok(host);
+        };
+        let mut first: Option<String> =
+            sqlx::query_scalar(&self.sql("SELECT host FROM host_instances WHERE instance_id = $1"))
+                .bind(instance.clone())
+                .fetch_optional(&mut **tx)
+                .await?;
+        if first.is_none() {
+            // Labels are stored as JSON text: a cheap filter, then the exact check.
+            let rows: Vec<(String, String)> = sqlx::query_as(&self.sql(
+                "SELECT host, labels FROM gpus WHERE host IS NOT NULL AND host <> $1 \
+                 AND mig_parent_uuid IS NULL AND LOWER(labels) LIKE $2 ORDER BY first_seen, uuid",
+            ))
+            .bind(host.clone())
+            .bind(format!("%{}%", instance.replace(['%', '_'], "")))
+            .fetch_all(&mut **tx)
+            .await?;
+            first = rows.into_iter().find_map(|(h, l)| {
+                let l: BTreeMap<String, String> = serde_json::from_str(&l).ok()?;
+                let same = l.get("instance_id")?.trim().eq_ignore_ascii_case(&instance);
+                same.then_some(h)
+            });
+            if let Some(f) = &first {
+                let f = self.resolve_host(tx, f).await?;
+                first = Some(f);
+            }
+        }
+        match first {
+            Some(f) if f != host => {
+                self.alias_host(tx, who, &host, &f, observed_at, touched)
+                    .await?;
+                Ok(f)
+            }
+            _ => {
+                sqlx::query(&self.sql(
+                    "INSERT INTO host_instances (instance_id, host, source, observed_at) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (instance_id) DO NOTHING",
+                ))
+                .bind(instance)
+                .bind(host.clone())
+                .bind(who.source.clone())
+                .bind(observed_at.timestamp())
+                .execute(&mut **tx)
+                .await?;
+                Ok(host)
+            }
+        }
     }
 
     /// The hosts that some of `hosts` are aliases of.
@@ -336,6 +474,22 @@ impl Store {
         touched: &mut BTreeMap<i64, Touched>,
     ) -> Result<()> {
         let mut groups: BTreeMap<(String, String, i64), Vec<usize>> = BTreeMap::new();
+        // A pool named by a host that is now an alias (a node whose cloud instance was first
+        // reported under another name) is that host's pool.
+        let mut resolved: HashMap<String, String> = HashMap::new();
+        for (_, a) in allocations.iter_mut() {
+            if let Some((host, slot)) = gpuledger_model::parse_placeholder(&a.gpu_uuid) {
+                let host = host.to_string();
+                if !resolved.contains_key(&host) {
+                    let to = self.resolve_host(tx, &host).await?;
+                    resolved.insert(host.clone(), to);
+                }
+                let to = &resolved[&host];
+                if *to != host {
+                    a.gpu_uuid = gpuledger_model::placeholder_uuid(to, slot);
+                }
+            }
+        }
         for (pos, (_, a)) in allocations.iter().enumerate() {
             if let Some((host, _)) = gpuledger_model::parse_placeholder(&a.gpu_uuid) {
                 groups

@@ -140,6 +140,19 @@ impl Store {
         uuids.extend(body.samples.iter().map(|(_, s)| s.gpu_uuid.as_str()));
         uuids.extend(body.allocations.iter().map(|(_, a)| a.gpu_uuid.as_str()));
         let known = self.load_gpus(&mut tx, uuids.into_iter().collect()).await?;
+        // A GPU that names its cloud instance lands on the host that instance was first
+        // reported under; its own host name becomes an alias of that host.
+        let instances: BTreeSet<(String, String)> = body
+            .gpus
+            .iter()
+            .filter(|(_, g)| g.mig_parent_uuid.is_none())
+            .filter_map(|(_, g)| Some((g.host.clone()?, g.labels.get("instance_id")?.clone())))
+            .collect();
+        for (host, instance) in instances {
+            let labels = BTreeMap::from([("instance_id".to_string(), instance)]);
+            self.instance_host(&mut tx, who, &host, &labels, now, &mut touched)
+                .await?;
+        }
         let hosts: BTreeSet<String> = body
             .gpus
             .iter()

@@ -134,6 +134,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "audit",
         include_str!("../migrations/sqlite/0009_audit.sql"),
     ),
+    (
+        10,
+        "host_instances",
+        include_str!("../migrations/sqlite/0010_host_instances.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -180,6 +185,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         9,
         "audit",
         include_str!("../migrations/postgres/0009_audit.sql"),
+    ),
+    (
+        10,
+        "host_instances",
+        include_str!("../migrations/postgres/0010_host_instances.sql"),
     ),
 ];
 

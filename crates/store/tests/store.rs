@@ -152,6 +152,7 @@ both!(
     sources_report_freshness,
     gpus_list_filters_and_detail,
     billing_import_is_kept_and_shown_beside_the_estimate,
+    one_cloud_instance_is_one_host_whichever_source_names_it,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -3075,3 +3076,169 @@ async fn rollup_hours_and_days_equal_the_raw_samples_for_any_window(store: Store
 }
 
 both!(rollup_hours_and_days_equal_the_raw_samples_for_any_window);
+
+/// The same machine seen by a cloud collector (as `ip-10-0-0-1.ec2.internal`), as a Kubernetes
+/// node (`node-a`, a pod on its GPU pool) and by the agent (`node-a-agent`, its two GPUs), each
+/// naming the instance `i-0abc`: one host with two GPUs, whatever the order, carrying what each
+/// source knows, the pod's allocation on a real GPU, and no GPU counted twice.
+async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) {
+    let cloud = who("aws", None);
+    let k8s = who("k8s", None);
+    let agent = who("agent-a", None);
+    let instance = |host: &str, cluster: Option<&str>| HostGpus {
+        host: host.into(),
+        count: 2,
+        model: Some("H100".into()),
+        cluster: cluster.map(str::to_string),
+        cloud: cluster.is_none().then_some(gpuledger_model::Cloud::Aws),
+        account: cluster.is_none().then(|| "111122223333".to_string()),
+        instance_type: Some("p5.48xlarge".into()),
+        labels: [("instance_id".to_string(), "i-0abc".to_string())]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    let physical = |store: Store| async move {
+        store
+            .list_gpus(&Filters::default(), false, now())
+            .await
+            .unwrap()
+    };
+    store
+        .observe_host_gpu_count(
+            &cloud,
+            &instance("ip-10-0-0-1.ec2.internal", None),
+            t("2026-12-02T08:00:00Z"),
+        )
+        .await
+        .unwrap();
+    store
+        .observe_host_gpu_count(
+            &k8s,
+            &instance("node-a", Some("rdu")),
+            t("2026-12-02T08:01:00Z"),
+        )
+        .await
+        .unwrap();
+    let gpus = physical(store.clone()).await;
+    assert_eq!(
+        gpus.len(),
+        2,
+        "the node's count lands on the instance's host: {gpus:#?}"
+    );
+    assert!(gpus
+        .iter()
+        .all(|g| g.host.as_deref() == Some("ip-10-0-0-1.ec2.internal")));
+    assert!(
+        gpus.iter()
+            .all(|g| g.cluster.as_deref() == Some("rdu")
+                && g.account.as_deref() == Some("111122223333")),
+        "the node fills what the cloud did not say, and keeps what it did: {gpus:#?}"
+    );
+    // A pod on the node's pool lands on the instance's pool.
+    collect_at(
+        &store,
+        &k8s,
+        r#"{"allocations":[{"gpu_uuid":"placeholder:node-a:1","start":"2026-12-02T08:02:00Z","workload":"ml/train","kind":"pod"}]}"#,
+        t("2026-12-02T08:02:00Z"),
+    )
+    .await;
+    // The agent names the two GPUs under its own host name.
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"node-a-agent","labels":{{"instance_id":"i-0abc"}},"observed_at":"2026-12-02T08:05:00Z"}},
+                {{"uuid":"{B}","model":"NVIDIA H100 80GB HBM3","host":"node-a-agent","labels":{{"instance_id":"i-0abc"}},"observed_at":"2026-12-02T08:05:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:05:00Z"),
+    )
+    .await;
+    // Every source reports again, in another order.
+    store
+        .observe_host_gpu_count(
+            &k8s,
+            &instance("node-a", Some("rdu")),
+            t("2026-12-02T08:10:00Z"),
+        )
+        .await
+        .unwrap();
+    store
+        .observe_host_gpu_count(
+            &cloud,
+            &instance("ip-10-0-0-1.ec2.internal", None),
+            t("2026-12-02T08:11:00Z"),
+        )
+        .await
+        .unwrap();
+    let gpus = physical(store.clone()).await;
+    assert_eq!(gpus.len(), 2, "{gpus:#?}");
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert!(uuids.contains(&A) && uuids.contains(&B), "{uuids:?}");
+    for g in &gpus {
+        assert_eq!(g.host.as_deref(), Some("ip-10-0-0-1.ec2.internal"));
+        assert_eq!(g.cluster.as_deref(), Some("rdu"), "{g:#?}");
+        assert_eq!(g.account.as_deref(), Some("111122223333"), "{g:#?}");
+        assert_eq!(g.instance_type.as_deref(), Some("p5.48xlarge"), "{g:#?}");
+    }
+    let mut held = 0;
+    for u in [A, B] {
+        held += workloads_on(&store, u).await.len();
+    }
+    assert_eq!(held, 1, "the pod's allocation moved to one real GPU");
+    let s = store
+        .summary(dec2(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(s.total.gpus, 2, "{:?}", s.total);
+
+    // The other order: the node first, then the agent, then the cloud collector.
+    const D: &str = "GPU-dddddddd-0000-0000-0000-000000000004";
+    let other = |host: &str, cluster: Option<&str>| HostGpus {
+        count: 1,
+        labels: [("instance_id".to_string(), "i-0DEF".to_string())]
+            .into_iter()
+            .collect(),
+        ..instance(host, cluster)
+    };
+    store
+        .observe_host_gpu_count(
+            &k8s,
+            &other("node-b", Some("rdu")),
+            t("2026-12-02T09:00:00Z"),
+        )
+        .await
+        .unwrap();
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{D}","model":"NVIDIA H100 80GB HBM3","host":"node-b.local","labels":{{"instance_id":"i-0def"}},"observed_at":"2026-12-02T09:05:00Z"}}]}}"#
+        ),
+        t("2026-12-02T09:05:00Z"),
+    )
+    .await;
+    store
+        .observe_host_gpu_count(
+            &cloud,
+            &other("ip-10-0-0-2.ec2.internal", None),
+            t("2026-12-02T09:10:00Z"),
+        )
+        .await
+        .unwrap();
+    let on_b: Vec<_> = physical(store.clone())
+        .await
+        .into_iter()
+        .filter(|g| g.host.as_deref() != Some("ip-10-0-0-1.ec2.internal"))
+        .collect();
+    assert_eq!(on_b.len(), 1, "{on_b:#?}");
+    assert_eq!(
+        (on_b[0].uuid.as_str(), on_b[0].host.as_deref()),
+        (D, Some("node-b"))
+    );
+    assert_eq!(
+        on_b[0].account.as_deref(),
+        Some("111122223333"),
+        "the cloud fills the gap"
+    );
+}
