@@ -91,6 +91,10 @@ pub struct AgentArgs {
     /// Do not report GPU processes (no allocations, no /proc reads).
     #[arg(long)]
     pub no_processes: bool,
+    /// Do not ask the cloud's instance metadata service for the instance ID, account, region
+    /// and instance type at start.
+    #[arg(long)]
+    pub no_cloud_metadata: bool,
     /// Where /proc is (a container with the host's /proc mounted elsewhere) [default: /proc].
     #[arg(long)]
     pub proc_root: Option<PathBuf>,
@@ -124,6 +128,8 @@ pub struct Settings {
     pub passwd_file: PathBuf,
     pub ca_file: Option<PathBuf>,
     pub retry_max_secs: u64,
+    /// Where to ask the cloud's instance metadata service at start; `None`: not at all.
+    pub cloud_metadata: Option<String>,
 }
 
 /// The config file's values, all optional.
@@ -149,6 +155,8 @@ struct FileValues {
     passwd_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
     retry_max_secs: Option<u64>,
+    cloud_metadata: Option<bool>,
+    metadata_url: Option<String>,
 }
 
 const KEYS: &[&str] = &[
@@ -172,6 +180,8 @@ const KEYS: &[&str] = &[
     "passwd_file",
     "ca_file",
     "retry_max_secs",
+    "cloud_metadata",
+    "metadata_url",
 ];
 
 fn parse_file(text: &str, path: &Path) -> anyhow::Result<FileValues> {
@@ -227,6 +237,13 @@ fn parse_file(text: &str, path: &Path) -> anyhow::Result<FileValues> {
             "passwd_file" => v.passwd_file = Some(string()?.into()),
             "ca_file" => v.ca_file = Some(string()?.into()),
             "retry_max_secs" => v.retry_max_secs = Some(integer()?),
+            "cloud_metadata" => {
+                v.cloud_metadata =
+                    Some(item.as_bool().with_context(|| {
+                        format!("{where_}: `cloud_metadata` must be true or false")
+                    })?)
+            }
+            "metadata_url" => v.metadata_url = Some(string()?),
             "labels" => {
                 let table = item
                     .as_table_like()
@@ -347,6 +364,7 @@ impl Settings {
                 cloud,
                 region: args.region.clone().or(file.region),
                 instance_type: args.instance_type.clone().or(file.instance_type),
+                account: None,
                 labels,
             },
             processes: !args.no_processes && file.processes.unwrap_or(true),
@@ -366,6 +384,12 @@ impl Settings {
                 .or(file.retry_max_secs)
                 .unwrap_or(300)
                 .max(1),
+            cloud_metadata: (!args.no_cloud_metadata && file.cloud_metadata.unwrap_or(true)).then(
+                || {
+                    file.metadata_url
+                        .unwrap_or_else(|| crate::metadata::DEFAULT_URL.to_string())
+                },
+            ),
         })
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod buffer;
 pub mod config;
+pub mod metadata;
 pub mod procs;
 pub mod report;
 pub mod send;
@@ -107,7 +108,16 @@ fn merge(bodies: Vec<PushBody>) -> PushBody {
 }
 
 impl Agent {
-    fn start(settings: Settings) -> anyhow::Result<Agent> {
+    fn start(mut settings: Settings) -> anyhow::Result<Agent> {
+        if let Some(url) = &settings.cloud_metadata {
+            match metadata::discover(url, std::time::Duration::from_secs(1)) {
+                Some(i) => {
+                    tracing::info!(instance = %i.instance_id, cloud = ?i.cloud, "cloud instance");
+                    i.fill(&mut settings.host);
+                }
+                None => tracing::debug!("no cloud instance metadata service answered"),
+            }
+        }
         let smi = Smi {
             program: settings.nvidia_smi.clone(),
             ..Smi::default()

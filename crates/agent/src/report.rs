@@ -24,6 +24,8 @@ pub struct HostInfo {
     pub cloud: Option<Cloud>,
     pub region: Option<String>,
     pub instance_type: Option<String>,
+    /// The cloud account, project or subscription (from the instance metadata service).
+    pub account: Option<String>,
     /// `team` and `env` here set owner and environment on the server.
     pub labels: BTreeMap<String, String>,
 }
@@ -165,7 +167,7 @@ impl Reporter {
             );
         }
         PushGpu {
-            account: None,
+            account: self.host.account.clone(),
             uuid: g.uuid.clone(),
             model: g.model.clone().unwrap_or_else(|| "unknown".into()),
             memory_mib: g.memory_mib,
