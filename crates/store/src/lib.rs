@@ -34,7 +34,7 @@ pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
 pub use lease::Lease;
-pub use query::{Filters, Window};
+pub use query::{CloudAccount, Filters, Window};
 pub use tokens::{Role, TokenInfo, TokenRow};
 
 /// Errors from the store; each says what to check.

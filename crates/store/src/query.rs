@@ -103,6 +103,19 @@ impl Filters {
     }
 }
 
+/// One account, project or subscription a cloud collector read ([`Store::cloud_accounts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudAccount {
+    pub source: String,
+    /// The collector kind: `aws`, `gcp` or `azure`.
+    pub kind: String,
+    pub account: String,
+    pub gpus: i64,
+    pub hosts: i64,
+    /// When the collector last reported a GPU of the account.
+    pub last_seen: DateTime<Utc>,
+}
+
 /// A query window `[from, to)`, in unix seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
@@ -525,6 +538,32 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// What each cloud collector found per account, project or subscription: the physical
+    /// GPUs and hosts it reported there (wherever they were merged to) and when it last did.
+    pub async fn cloud_accounts(&self) -> Result<Vec<CloudAccount>> {
+        let rows: Vec<(String, String, String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT a.source, s.kind, a.value, CAST(COUNT(*) AS BIGINT), \
+             CAST(COUNT(DISTINCT g.host) AS BIGINT), MAX(a.observed_at) \
+             FROM gpu_attrs a JOIN gpus g ON g.id = a.gpu_id JOIN sources s ON s.name = a.source \
+             WHERE a.attribute = 'account' AND g.mig_parent_uuid IS NULL \
+             AND s.kind IN ('aws', 'gcp', 'azure') \
+             GROUP BY a.source, s.kind, a.value ORDER BY a.source, a.value",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(source, kind, account, gpus, hosts, last)| CloudAccount {
+                source,
+                kind,
+                account,
+                gpus,
+                hosts,
+                last_seen: ts(last),
+            })
+            .collect())
     }
 
     /// Distinct values of a GPU attribute, for filter pickers.

@@ -3082,7 +3082,10 @@ both!(rollup_hours_and_days_equal_the_raw_samples_for_any_window);
 /// naming the instance `i-0abc`: one host with two GPUs, whatever the order, carrying what each
 /// source knows, the pod's allocation on a real GPU, and no GPU counted twice.
 async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) {
-    let cloud = who("aws", None);
+    let cloud = Principal {
+        kind: "aws".into(),
+        ..who("aws", None)
+    };
     let k8s = who("k8s", None);
     let agent = who("agent-a", None);
     let instance = |host: &str, cluster: Option<&str>| HostGpus {
@@ -3241,4 +3244,17 @@ async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) 
         Some("111122223333"),
         "the cloud fills the gap"
     );
+
+    // The sources page's cloud accounts: what the aws collector found, wherever it merged.
+    // (A collector's run ends with a push of its records, which registers the source.)
+    collect_at(&store, &cloud, "{}", t("2026-12-02T09:10:00Z")).await;
+    let accounts = store.cloud_accounts().await.unwrap();
+    assert_eq!(accounts.len(), 1, "{accounts:?}");
+    let a = &accounts[0];
+    assert_eq!(
+        (a.source.as_str(), a.kind.as_str(), a.account.as_str()),
+        ("aws", "aws", "111122223333")
+    );
+    assert_eq!((a.gpus, a.hosts), (3, 2), "{a:?}");
+    assert_eq!(a.last_seen, t("2026-12-02T09:10:00Z"));
 }

@@ -1,5 +1,6 @@
 //! The Sources page: each source's kind, last success, lag against the 1-hour objective, last
-//! error, and how many GPUs it reports; then every token with its source, state and last use
+//! error, and how many GPUs it reports; what each cloud collector found per account; then
+//! every token with its source, state and last use
 //! (one that never pushed shows "never").
 
 use askama::Template;
@@ -14,6 +15,7 @@ use crate::AppState;
 pub struct SourcesPage {
     pub frame: Frame,
     pub table: Table,
+    pub accounts: Table,
     pub tokens: Table,
 }
 
@@ -77,6 +79,40 @@ pub async fn sources_page(
             Cell::num(count(n), n as f64),
         ]);
     }
+    let mut accounts = Table::new(
+        "cloud-accounts",
+        &f,
+        vec![
+            col(
+                "Source",
+                "The cloud collector (aws, gcp, azure) that read the account.",
+            ),
+            col("Kind", "aws, gcp or azure."),
+            col(
+                "Account",
+                "The AWS account, GCP project or Azure subscription.",
+            ),
+            ncol(
+                "GPUs",
+                "Physical GPUs of its running GPU instances, wherever they were merged to.",
+            ),
+            ncol("Hosts", "The hosts they are on."),
+            col(
+                "Last found",
+                "When the collector last reported a GPU of the account (UTC).",
+            ),
+        ],
+    );
+    for a in state.store.cloud_accounts().await? {
+        accounts.push(vec![
+            Cell::text(a.source),
+            Cell::text(a.kind),
+            Cell::text(a.account),
+            Cell::num(count(a.gpus), a.gpus as f64),
+            Cell::num(count(a.hosts), a.hosts as f64),
+            Cell::text(a.last_seen.format("%Y-%m-%d %H:%M:%S").to_string()),
+        ]);
+    }
     let when = |t: Option<i64>| {
         t.and_then(|t| chrono::DateTime::from_timestamp(t, 0))
             .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
@@ -116,9 +152,10 @@ pub async fn sources_page(
     }
     let page = SourcesPage {
         table,
+        accounts,
         tokens,
         frame: f,
     };
-    let tables = [&page.table, &page.tokens];
+    let tables = [&page.table, &page.accounts, &page.tokens];
     respond(&page, &tables, &p)
 }
