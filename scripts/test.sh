@@ -5,7 +5,9 @@
 # Needs: a Rust toolchain (cargo) and the corpus ($GPULEDGER_CORPUS, else ../shared/fixtures).
 # Installs when missing (Debian packages): PostgreSQL, openssl, curl and jq (the docs' examples),
 # Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
-# collector's test (which starts its own Prometheus on 127.0.0.1).
+# collector's test (which starts its own Prometheus on 127.0.0.1); from PyPI, moto (an AWS API
+# emulator) into target/moto-venv for the aws collector's test, which starts its own moto
+# server on 127.0.0.1.
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
 # which the store suite runs against, each test in its own schema. The browser test starts its
 # own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
@@ -61,6 +63,24 @@ ensure_packages() {
   fi
 }
 
+# The aws collector's tests run against moto's EC2 and STS, made with boto3 (in moto's venv).
+MOTO_VERSION=5.2.5
+ensure_moto() {
+  local venv=target/moto-venv
+  if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+    command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' 2>/dev/null || {
+      log "installing python3-venv"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+    }
+    log "installing moto $MOTO_VERSION into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet "moto[server,ec2]==$MOTO_VERSION"
+  fi
+  export GPULEDGER_MOTO=$PWD/$venv/bin/moto_server GPULEDGER_REQUIRE_MOTO=1
+}
+
 export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 [ -d "$GPULEDGER_CORPUS" ] || {
   echo "no corpus at $GPULEDGER_CORPUS: set GPULEDGER_CORPUS to shared/fixtures" >&2
@@ -68,6 +88,7 @@ export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 }
 ensure_postgres
 ensure_packages
+ensure_moto
 # Nothing the tests need may be skipped: without these switches a test whose browser,
 # Prometheus, corpus or PostgreSQL is missing prints "skipped" and passes; with them it fails.
 export GPULEDGER_REQUIRE_BROWSER=1 GPULEDGER_REQUIRE_PROMETHEUS=1

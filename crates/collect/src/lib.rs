@@ -133,8 +133,11 @@ pub(crate) fn in_range(
 
 /// The collector kinds this build knows.
 pub const KINDS: &[&str] = &[
+    collectors::aws::KIND,
+    collectors::azure::KIND,
     collectors::billing::KIND,
     collectors::dcgm::KIND,
+    collectors::gcp::KIND,
     collectors::kubernetes::KIND,
 ];
 
@@ -178,8 +181,11 @@ pub struct Entry {
 /// A kind's checked settings; the variant is the kind (the entry's `type`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Settings {
+    Aws(collectors::aws::AwsConfig),
+    Azure(collectors::azure::AzureConfig),
     Billing(collectors::billing::BillingConfig),
     Dcgm(collectors::dcgm::DcgmConfig),
+    Gcp(collectors::gcp::GcpConfig),
     Kubernetes(collectors::kubernetes::KubernetesConfig),
 }
 
@@ -366,8 +372,11 @@ impl Settings {
     /// Check the settings of a collector of `kind` named `name`: the entry without the
     /// [`COMMON_KEYS`].
     pub fn parse(kind: &str, name: &str, own: &toml_edit::Table) -> Result<Settings, CollectError> {
-        use collectors::{billing, dcgm, kubernetes};
+        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes};
         Ok(match kind {
+            aws::KIND => Settings::Aws(aws::AwsConfig::from_settings(own)?),
+            azure::KIND => Settings::Azure(azure::AzureConfig::from_settings(own)?),
+            gcp::KIND => Settings::Gcp(gcp::GcpConfig::from_settings(own)?),
             billing::KIND => Settings::Billing(billing::BillingConfig::from_settings(own)?),
             dcgm::KIND => Settings::Dcgm(dcgm::DcgmConfig::from_settings(own)?),
             kubernetes::KIND => {
@@ -384,6 +393,9 @@ impl Settings {
     /// The kind string.
     pub fn kind(&self) -> &'static str {
         match self {
+            Settings::Aws(_) => collectors::aws::KIND,
+            Settings::Azure(_) => collectors::azure::KIND,
+            Settings::Gcp(_) => collectors::gcp::KIND,
             Settings::Billing(_) => collectors::billing::KIND,
             Settings::Dcgm(_) => collectors::dcgm::KIND,
             Settings::Kubernetes(_) => collectors::kubernetes::KIND,
@@ -392,8 +404,11 @@ impl Settings {
 
     /// Build the collector named `name`.
     pub fn build(&self, name: &str) -> Result<Box<dyn Collector>, CollectError> {
-        use collectors::{billing, dcgm, kubernetes};
+        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes};
         Ok(match self {
+            Settings::Aws(c) => Box::new(aws::AwsCollector::new(name, c.clone())?),
+            Settings::Azure(c) => Box::new(azure::AzureCollector::new(name, c.clone())?),
+            Settings::Gcp(c) => Box::new(gcp::GcpCollector::new(name, c.clone())?),
             Settings::Billing(c) => Box::new(billing::BillingCollector::new(name, c.clone())),
             Settings::Dcgm(c) => Box::new(dcgm::DcgmCollector::new(name, c.clone())?),
             Settings::Kubernetes(c) => {
@@ -453,7 +468,10 @@ mod tests {
     fn unknown_kinds_are_explained() {
         let e = check_kind("kubernets").unwrap_err();
         assert!(e.contains("unknown collector type `kubernets`"), "{e}");
-        assert!(e.contains("known: billing, dcgm, kubernetes"), "{e}");
+        assert!(
+            e.contains("known: aws, azure, billing, dcgm, gcp, kubernetes"),
+            "{e}"
+        );
         assert!(build("nope", "x", "").is_err());
     }
 
@@ -518,10 +536,8 @@ mod tests {
                 .starts_with("None: dcgm collector `unnamed`: endpoints[0]: `nope` is not a URL"),
             "{text:#?}"
         );
-        let problems = Entry::parse(&table(
-            "type = \"slurm\"\nname = 3\ninterval_secs = \"1m\"\n",
-        ))
-        .unwrap_err();
+        let problems =
+            Entry::parse(&table("type = \"lsf\"\nname = 3\ninterval_secs = \"1m\"\n")).unwrap_err();
         let keys: Vec<_> = problems.iter().map(|p| p.key).collect();
         assert_eq!(
             keys,

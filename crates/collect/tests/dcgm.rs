@@ -90,6 +90,7 @@ fn assert_valid_observations(obs: &[Observation]) {
             Observation::Allocation { allocation, .. } => a.push(allocation.clone()),
             Observation::HostGpuCount { .. }
             | Observation::HostAlias { .. }
+            | Observation::HostStopped { .. }
             | Observation::BillingExport { .. } => {
                 panic!("dcgm reports UUIDs, not counts, aliases or billing exports")
             }

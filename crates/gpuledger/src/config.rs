@@ -1185,7 +1185,7 @@ max_connections = 2000
     #[test]
     fn every_problem_is_reported_with_its_position() {
         let problems = parse(
-            "listen = \"nowhere\"\nlisten_addr = 1\n[thresholds]\nidle_pct = 500\n[rates]\nH100 = \"cheap\"\n[[collectors]]\ntype = \"slurm\"\n",
+            "listen = \"nowhere\"\nlisten_addr = 1\n[thresholds]\nidle_pct = 500\n[rates]\nH100 = \"cheap\"\n[[collectors]]\ntype = \"lsf\"\n",
         )
         .unwrap_err();
         let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();

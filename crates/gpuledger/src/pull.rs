@@ -29,6 +29,7 @@ pub async fn store_observations(
     let mut counts = Vec::new();
     let mut aliases = Vec::new();
     let mut exports = Vec::new();
+    let mut stopped = Vec::new();
     for o in observations {
         match o {
             Observation::Gpu { gpu, .. } => body.gpus.push(gpu),
@@ -42,6 +43,12 @@ pub async fn store_observations(
                 host,
                 provenance,
             } => aliases.push((alias, host, provenance.observed_at)),
+            Observation::HostStopped {
+                host,
+                instance_id,
+                at,
+                ..
+            } => stopped.push((host, instance_id, at)),
             Observation::BillingExport {
                 path,
                 size_bytes,
@@ -86,6 +93,11 @@ pub async fn store_observations(
     }
     for (gpus, at) in &counts {
         store.observe_host_gpu_count(principal, gpus, *at).await?;
+    }
+    for (host, instance, at) in &stopped {
+        store
+            .observe_host_stopped(principal, host, instance.as_deref(), *at)
+            .await?;
     }
     // The same checks as a push: a collector's bad record is refused with its reason.
     let value = serde_json::to_value(&body)?;

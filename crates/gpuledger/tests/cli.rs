@@ -165,14 +165,14 @@ fn config_collect_with_zero_collectors_says_so() {
     );
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no collectors configured"));
-    std::fs::write(&cfg, "[[collectors]]\ntype = \"slurm\"\nname = \"rdu\"\n").unwrap();
+    std::fs::write(&cfg, "[[collectors]]\ntype = \"lsf\"\nname = \"rdu\"\n").unwrap();
     let out = bin()
         .args(["collect", "--once", "--dry-run", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown collector type `slurm`"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown collector type `lsf`"));
 }
 
 #[test]

@@ -75,6 +75,17 @@ pub enum Observation {
         host: String,
         provenance: Provenance,
     },
+    /// A cloud instance the cloud's API says was stopped or terminated at `at`: the GPUs of
+    /// its host that no source saw after `at` stop counting as present from the hour after.
+    /// `instance_id` finds the host when another source named it first.
+    HostStopped {
+        host: String,
+        instance_id: Option<String>,
+        at: DateTime<Utc>,
+        /// The API's word for the state (`stopped`, `TERMINATED`, `deallocated`).
+        state: String,
+        provenance: Provenance,
+    },
     /// A billing export (FinOps FOCUS CSV) that is new or changed at `path`: the server reads
     /// and reconciles it.
     BillingExport {
@@ -93,6 +104,7 @@ impl Observation {
             | Observation::Allocation { provenance, .. }
             | Observation::HostGpuCount { provenance, .. }
             | Observation::HostAlias { provenance, .. }
+            | Observation::HostStopped { provenance, .. }
             | Observation::BillingExport { provenance, .. } => provenance,
         }
     }

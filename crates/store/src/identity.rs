@@ -168,6 +168,90 @@ impl Store {
         Ok(wanted as u32)
     }
 
+    /// The cloud says the instance on `host` (or, when another source named it first, on the
+    /// host it was first reported under) stopped at `at`: its GPUs that no source saw after
+    /// `at` stop counting as present from the hour after `at` (present hours are whole hours,
+    /// so the hour it stopped in counts). Hours with a measured sample or a billed cost stay;
+    /// only the hours presence alone filled (a report marks the stale window after it as
+    /// present) go. Returns how many GPU-hours went.
+    pub async fn observe_host_stopped(
+        &self,
+        who: &Principal,
+        host: &str,
+        instance_id: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<u64> {
+        let _ = who;
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.writer_tx().await?;
+        let claimed: Option<String> = match instance_id {
+            Some(i) => {
+                sqlx::query_scalar(
+                    &self.sql("SELECT host FROM host_instances WHERE instance_id = $1"),
+                )
+                .bind(i.trim().to_ascii_lowercase())
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+            None => None,
+        };
+        let host = match claimed {
+            Some(h) => self.resolve_host(&mut tx, &h).await?,
+            None => self.resolve_host(&mut tx, host).await?,
+        };
+        let at = at.timestamp();
+        let ids: Vec<i64> = sqlx::query_scalar(&self.sql(
+            "SELECT id FROM gpus WHERE host = $1 AND mig_parent_uuid IS NULL AND last_seen <= $2",
+        ))
+        .bind(host.clone())
+        .bind(at)
+        .fetch_all(&mut *tx)
+        .await?;
+        let cut = hour_floor(at) + HOUR_SECS;
+        let mut gone = 0;
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        for id in ids {
+            let last: Option<i64> = sqlx::query_scalar(
+                &self.sql("SELECT MAX(hour) FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2"),
+            )
+            .bind(id)
+            .bind(cut)
+            .fetch_one(&mut *tx)
+            .await?;
+            let Some(last) = last else { continue };
+            let n = sqlx::query(&self.sql(
+                "DELETE FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND samples = 0 \
+                 AND billed_usd IS NULL",
+            ))
+            .bind(id)
+            .bind(cut)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n == 0 {
+                continue;
+            }
+            gone += n;
+            // Days whose hours all went keep no row; the rest are rolled again.
+            let (lo, hi) = (
+                gpuledger_model::day_floor(cut),
+                gpuledger_model::day_floor(last) + gpuledger_model::DAY_SECS,
+            );
+            sqlx::query(
+                &self.sql("DELETE FROM gpu_days WHERE gpu_id = $1 AND day >= $2 AND day < $3"),
+            )
+            .bind(id)
+            .bind(lo)
+            .bind(hi)
+            .execute(&mut *tx)
+            .await?;
+            widen(&mut touched.entry(id).or_default().flags, lo, hi);
+        }
+        self.reroll(&mut tx, &touched).await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
     /// Keep a host's placeholder MIG instances in line with the layout a count-only source
     /// reported (`ledger::identity::mig_placeholders`): made, re-parented or dropped as the
     /// layout changes, and none at all once a UUID-aware source has named a real instance on

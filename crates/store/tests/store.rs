@@ -153,6 +153,7 @@ both!(
     gpus_list_filters_and_detail,
     billing_import_is_kept_and_shown_beside_the_estimate,
     one_cloud_instance_is_one_host_whichever_source_names_it,
+    a_stopped_instance_stops_counting_when_the_cloud_says,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -3257,4 +3258,85 @@ async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) 
     );
     assert_eq!((a.gpus, a.hosts), (3, 2), "{a:?}");
     assert_eq!(a.last_seen, t("2026-12-02T09:10:00Z"));
+}
+
+/// A cloud instance counted at 08:00 is present through the stale window (08:00–09:59); the
+/// cloud then says it stopped at 08:20: its GPUs count 08:00 only, on every page, and a GPU
+/// of it some source saw after the stop keeps its hours.
+async fn a_stopped_instance_stops_counting_when_the_cloud_says(store: Store) {
+    let cloud = who("aws", None);
+    let host = HostGpus {
+        host: "ip-10-0-0-9.ec2.internal".into(),
+        count: 1,
+        model: Some("H100".into()),
+        labels: [("instance_id".to_string(), "i-0stop".to_string())]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    store
+        .observe_host_gpu_count(&cloud, &host, t("2026-12-02T08:00:00Z"))
+        .await
+        .unwrap();
+    let hours = |store: Store| async move {
+        let s = store
+            .summary(dec2(), &Filters::default(), GroupBy::Team, now())
+            .await
+            .unwrap();
+        s.total.gpu_hours
+    };
+    assert_eq!(
+        hours(store.clone()).await,
+        2,
+        "08:00 and 09:00, the stale window"
+    );
+    // Named by its instance ID under another host name: found all the same.
+    let gone = store
+        .observe_host_stopped(
+            &cloud,
+            "i-0stop",
+            Some("i-0stop"),
+            t("2026-12-02T08:20:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gone, 1);
+    assert_eq!(hours(store.clone()).await, 1);
+    let gpu = &store
+        .list_gpus(&Filters::default(), false, now())
+        .await
+        .unwrap()[0];
+    let d = store
+        .gpu_detail(&gpu.uuid, dec2(), now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.hours.len(), 1, "{:?}", d.hours);
+    // Told again on the next run: nothing more goes.
+    let again = store
+        .observe_host_stopped(
+            &cloud,
+            "ip-10-0-0-9.ec2.internal",
+            None,
+            t("2026-12-02T08:20:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+    // Seen running after an earlier stop time: that report wins, nothing goes.
+    store
+        .observe_host_gpu_count(&cloud, &host, t("2026-12-02T10:00:00Z"))
+        .await
+        .unwrap();
+    let none = store
+        .observe_host_stopped(
+            &cloud,
+            "ip-10-0-0-9.ec2.internal",
+            Some("i-0stop"),
+            t("2026-12-02T09:30:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(none, 0);
+    assert_eq!(hours(store.clone()).await, 3, "08:00, 10:00, 11:00");
 }
