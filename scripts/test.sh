@@ -7,7 +7,9 @@
 # Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
 # collector's test (which starts its own Prometheus on 127.0.0.1); from PyPI, moto (an AWS API
 # emulator) into target/moto-venv for the aws collector's test, which starts its own moto
-# server on 127.0.0.1.
+# server on 127.0.0.1; Slurm (slurm-wlm, slurmdbd, munge, slurmrestd) as a one-node cluster with
+# stand-in GPUs, its accounting in the local MariaDB, for the slurm collector's test
+# (scripts/slurm-test-cluster.sh).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
 # which the store suite runs against, each test in its own schema. The browser test starts its
 # own chromedriver and headless Chromium on 127.0.0.1 and saves screenshots to
@@ -96,6 +98,9 @@ export GPULEDGER_REQUIRE_CORPUS=1 GPULEDGER_REQUIRE_POSTGRES=1
 export GPULEDGER_TEST_PG_URL=${GPULEDGER_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 
 scripts/check-deploy.sh
+log "starting the one-node Slurm test cluster"
+as_root scripts/slurm-test-cluster.sh
+export GPULEDGER_TEST_SLURM=1 GPULEDGER_REQUIRE_SLURM=1
 log "cargo test (PostgreSQL: $GPULEDGER_TEST_PG_URL)"
 cargo test --workspace --locked "$@"
 scripts/api-contract.sh

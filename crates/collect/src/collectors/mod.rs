@@ -7,3 +7,4 @@ pub mod cloud;
 pub mod dcgm;
 pub mod gcp;
 pub mod kubernetes;
+pub mod slurm;
