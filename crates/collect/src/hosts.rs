@@ -140,6 +140,7 @@ fn hosts(entry: &Entry) -> Result<Vec<String>, CollectError> {
         Settings::Azure(c) => c.hosts(),
         Settings::Gcp(c) => c.hosts(),
         Settings::Slurm(c) => c.hosts(),
+        Settings::Spreadsheet(c) => c.hosts(),
         Settings::Dcgm(c) => match &c.mode {
             crate::collectors::dcgm::Mode::Scrape { endpoints } => {
                 endpoints.iter().map(|u| host_of(u)).collect()

@@ -140,6 +140,7 @@ pub const KINDS: &[&str] = &[
     collectors::gcp::KIND,
     collectors::kubernetes::KIND,
     collectors::slurm::KIND,
+    collectors::spreadsheet::KIND,
 ];
 
 /// Whether `kind` names a collector of this build, with a message for config errors.
@@ -189,6 +190,7 @@ pub enum Settings {
     Gcp(collectors::gcp::GcpConfig),
     Kubernetes(collectors::kubernetes::KubernetesConfig),
     Slurm(collectors::slurm::SlurmConfig),
+    Spreadsheet(collectors::spreadsheet::SpreadsheetConfig),
 }
 
 /// One problem with a `[[collectors]]` entry.
@@ -374,12 +376,15 @@ impl Settings {
     /// Check the settings of a collector of `kind` named `name`: the entry without the
     /// [`COMMON_KEYS`].
     pub fn parse(kind: &str, name: &str, own: &toml_edit::Table) -> Result<Settings, CollectError> {
-        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes, slurm};
+        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes, slurm, spreadsheet};
         Ok(match kind {
             aws::KIND => Settings::Aws(aws::AwsConfig::from_settings(own)?),
             azure::KIND => Settings::Azure(azure::AzureConfig::from_settings(own)?),
             gcp::KIND => Settings::Gcp(gcp::GcpConfig::from_settings(own)?),
             slurm::KIND => Settings::Slurm(slurm::SlurmConfig::from_settings(own)?),
+            spreadsheet::KIND => {
+                Settings::Spreadsheet(spreadsheet::SpreadsheetConfig::from_settings(own)?)
+            }
             billing::KIND => Settings::Billing(billing::BillingConfig::from_settings(own)?),
             dcgm::KIND => Settings::Dcgm(dcgm::DcgmConfig::from_settings(own)?),
             kubernetes::KIND => {
@@ -400,6 +405,7 @@ impl Settings {
             Settings::Azure(_) => collectors::azure::KIND,
             Settings::Gcp(_) => collectors::gcp::KIND,
             Settings::Slurm(_) => collectors::slurm::KIND,
+            Settings::Spreadsheet(_) => collectors::spreadsheet::KIND,
             Settings::Billing(_) => collectors::billing::KIND,
             Settings::Dcgm(_) => collectors::dcgm::KIND,
             Settings::Kubernetes(_) => collectors::kubernetes::KIND,
@@ -408,12 +414,15 @@ impl Settings {
 
     /// Build the collector named `name`.
     pub fn build(&self, name: &str) -> Result<Box<dyn Collector>, CollectError> {
-        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes, slurm};
+        use collectors::{aws, azure, billing, dcgm, gcp, kubernetes, slurm, spreadsheet};
         Ok(match self {
             Settings::Aws(c) => Box::new(aws::AwsCollector::new(name, c.clone())?),
             Settings::Azure(c) => Box::new(azure::AzureCollector::new(name, c.clone())?),
             Settings::Gcp(c) => Box::new(gcp::GcpCollector::new(name, c.clone())?),
             Settings::Slurm(c) => Box::new(slurm::SlurmCollector::new(name, c.clone())?),
+            Settings::Spreadsheet(c) => {
+                Box::new(spreadsheet::SpreadsheetCollector::new(name, c.clone())?)
+            }
             Settings::Billing(c) => Box::new(billing::BillingCollector::new(name, c.clone())),
             Settings::Dcgm(c) => Box::new(dcgm::DcgmCollector::new(name, c.clone())?),
             Settings::Kubernetes(c) => {
@@ -474,7 +483,7 @@ mod tests {
         let e = check_kind("kubernets").unwrap_err();
         assert!(e.contains("unknown collector type `kubernets`"), "{e}");
         assert!(
-            e.contains("known: aws, azure, billing, dcgm, gcp, kubernetes, slurm"),
+            e.contains("known: aws, azure, billing, dcgm, gcp, kubernetes, slurm, spreadsheet"),
             "{e}"
         );
         assert!(build("nope", "x", "").is_err());

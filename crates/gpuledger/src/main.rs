@@ -4,6 +4,7 @@
 mod bench;
 mod config;
 mod demo;
+mod inventory;
 mod pull;
 mod tokens;
 
@@ -45,7 +46,8 @@ enum Command {
     Agent(gpuledger_agent::AgentArgs),
     /// Run the configured pull collectors.
     Collect(CollectArgs),
-    /// Import data files: `import billing FILE` reconciles a FOCUS billing export.
+    /// Import data files: `import billing FILE` reconciles a FOCUS billing export;
+    /// `import inventory FILE` reads an inventory sheet (CSV or XLSX).
     Import {
         #[command(subcommand)]
         command: ImportCommand,
@@ -107,6 +109,16 @@ enum ImportCommand {
         /// GPUs or instance IDs became known).
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Import an inventory sheet (CSV or XLSX; see docs/collectors/spreadsheet.md): prints
+    /// every row it cannot use (row, column, value, reason) and what the rest changes (GPUs and
+    /// hosts new, changed, unchanged), then stores it as the `spreadsheet` collector would.
+    /// Importing the same file again changes nothing.
+    Inventory {
+        #[command(flatten)]
+        args: inventory::InventoryArgs,
         #[command(flatten)]
         db: DbArgs,
     },
@@ -634,6 +646,9 @@ fn main() -> std::process::ExitCode {
             Command::Import {
                 command: ImportCommand::Billing { file, force, db },
             } => import_billing(file, force, db).await,
+            Command::Import {
+                command: ImportCommand::Inventory { args, db },
+            } => inventory::run(args, db).await,
         }
     });
     match result {

@@ -8,3 +8,4 @@ pub mod dcgm;
 pub mod gcp;
 pub mod kubernetes;
 pub mod slurm;
+pub mod spreadsheet;
