@@ -251,6 +251,48 @@ impl OnPremRate {
 
 pub use gpuledger_model::glob_match;
 
+/// The life over which a GPU's own purchase price (`labels.purchase_price_usd`, from an
+/// inventory sheet) is spread when no `[[rates.onprem]]` entry prices it: straight line over
+/// five years, the depreciation period most operators use for accelerator servers.
+pub const PURCHASE_LIFE_YEARS: f64 = 5.0;
+
+/// A GPU in no cloud whose labels give its purchase price (an inventory sheet's
+/// `purchase_price_usd`, per GPU): that price over [`PURCHASE_LIFE_YEARS`], no power.
+fn purchase_rate(facts: &RateFacts) -> Option<Rate> {
+    let labels = facts.labels?;
+    let price: f64 = labels
+        .get("purchase_price_usd")?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|p: &f64| p.is_finite() && *p > 0.0)?;
+    let key = match (labels.get("sheet"), labels.get("sheet_row")) {
+        (Some(sheet), Some(row)) => format!("purchase price from sheet `{sheet}` row {row}"),
+        (Some(sheet), None) => format!("purchase price from sheet `{sheet}`"),
+        _ => "purchase price label".to_string(),
+    };
+    let o = OnPremRate {
+        model: facts.model.to_string(),
+        hosts: None,
+        purchase_usd: price,
+        life_years: PURCHASE_LIFE_YEARS,
+        watts: 0.0,
+        usd_per_kwh: 0.0,
+        pue: 1.0,
+    };
+    Some(Rate {
+        usd_per_hour: Some(o.usd_per_hour()),
+        origin: RateOrigin::OnPrem {
+            key,
+            purchase_usd: price,
+            life_years: PURCHASE_LIFE_YEARS,
+            watts: 0.0,
+            usd_per_kwh: 0.0,
+            pue: 1.0,
+        },
+    })
+}
+
 /// Built-in rates plus the config's: overrides by model or family, instance-type prices and
 /// on-prem rates.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -379,6 +421,11 @@ impl RateTable {
                 };
             }
         }
+        if !in_cloud {
+            if let Some(rate) = purchase_rate(facts) {
+                return rate;
+            }
+        }
         if let Some(f) = family {
             return Rate {
                 usd_per_hour: Some(f.usd_per_hour),
@@ -398,6 +445,61 @@ impl RateTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sheet's purchase price prices a GPU in no cloud that no on-prem rule matches, ahead of
+    /// the model's list price; a rule, a cloud or a bad price leaves it alone.
+    #[test]
+    fn a_purchase_price_is_amortized_when_no_rule_prices_the_gpu() {
+        let labels: BTreeMap<String, String> = [
+            ("purchase_price_usd", "26280"),
+            ("sheet", "inventory.csv"),
+            ("sheet_row", "4"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let facts = |cloud: Option<&'static str>, labels| RateFacts {
+            model: "NVIDIA H100 80GB HBM3",
+            cloud,
+            instance_type: None,
+            host: Some("dgx-1"),
+            account: None,
+            region: None,
+            cluster: None,
+            labels,
+        };
+        let t = RateTable::default();
+        let r = t.rate_for(&facts(None, Some(&labels)));
+        assert_eq!(r.usd_per_hour, Some(26280.0 / (5.0 * 8760.0)));
+        assert_eq!(
+            r.origin.label(),
+            "on-prem (purchase price from sheet `inventory.csv` row 4: $26280 over 5 y + 0 W × $0/kWh × PUE 1)"
+        );
+        let in_cloud = t.rate_for(&facts(Some("aws"), Some(&labels)));
+        assert!(
+            matches!(in_cloud.origin, RateOrigin::BuiltinModel { .. }),
+            "{in_cloud:?}"
+        );
+        let mut bad = labels.clone();
+        bad.insert("purchase_price_usd".into(), "-1".into());
+        let r = t.rate_for(&facts(None, Some(&bad)));
+        assert!(matches!(r.origin, RateOrigin::BuiltinModel { .. }), "{r:?}");
+        let mut ruled = RateTable::default();
+        ruled.onprem.push(OnPremRate {
+            model: "H100".into(),
+            hosts: Some("dgx-*".into()),
+            purchase_usd: 35040.0,
+            life_years: 4.0,
+            watts: 700.0,
+            usd_per_kwh: 0.1,
+            pue: 1.5,
+        });
+        let r = ruled.rate_for(&facts(None, Some(&labels)));
+        assert!(
+            matches!(&r.origin, RateOrigin::OnPrem { key, .. } if key == "H100 on dgx-*"),
+            "{r:?}"
+        );
+    }
 
     #[test]
     fn real_model_names_find_their_family() {
