@@ -91,6 +91,7 @@ fn assert_valid_observations(obs: &[Observation]) {
             Observation::HostGpuCount { .. }
             | Observation::HostAlias { .. }
             | Observation::HostStopped { .. }
+            | Observation::InventoryList { .. }
             | Observation::BillingExport { .. } => {
                 panic!("dcgm reports UUIDs, not counts, aliases or billing exports")
             }

@@ -463,3 +463,28 @@ async fn the_collector_reads_a_published_export_over_http() {
     };
     assert_eq!(gpu.labels["sheet"], "export");
 }
+
+/// An authoritative sheet's listing names every GPU and host it read, and there is none when a
+/// row was left out: a broken row must not end its GPU.
+#[test]
+fn the_listing_of_an_authoritative_sheet_needs_every_row() {
+    let good = "Hostname,GPU UUID,Model,GPUs\n\
+                dgx-1,GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d01,H100,\n\
+                spare-7,,A100,2\n";
+    let inv = read(good.as_bytes(), None, &Mapping::default()).unwrap();
+    let Some(Observation::InventoryList {
+        uuids,
+        hosts,
+        provenance,
+    }) = inv.listing("sheet:inv.csv")
+    else {
+        panic!("{inv:#?}")
+    };
+    assert_eq!(uuids, ["GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d01"]);
+    assert_eq!(hosts, ["spare-7"]);
+    assert_eq!(provenance.source, "sheet:inv.csv");
+    let bad = format!("{good}spare-8,,A100,eight\n");
+    let inv = read(bad.as_bytes(), None, &Mapping::default()).unwrap();
+    assert_eq!(problems(&inv).len(), 1, "{:?}", problems(&inv));
+    assert!(inv.listing("sheet:inv.csv").is_none());
+}

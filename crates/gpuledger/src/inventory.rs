@@ -40,13 +40,14 @@ pub async fn run(args: InventoryArgs, db: crate::DbArgs) -> anyhow::Result<()> {
     let cfg = crate::load_config(db.config.as_ref())?;
     let url = crate::database_url(db.database_url, &cfg);
     let (source, config) = sheet_config(&args, &cfg)?;
+    let authoritative = config.authoritative;
     let collector = SpreadsheetCollector::new(&source, config)?;
     let inv = collector.read().await?;
     print_report(&inv);
     let store = Store::open_for_tool(&url, cfg.settings)
         .await
         .with_context(|| format!("opening database {}", crate::redacted(&url)))?;
-    let done = compare_and_store(&store, &inv, &source, args.dry_run).await;
+    let done = compare_and_store(&store, &inv, &source, authoritative, args.dry_run).await;
     store.close().await;
     done
 }
@@ -169,6 +170,7 @@ async fn compare_and_store(
     store: &Store,
     inv: &Inventory,
     source: &str,
+    authoritative: bool,
     dry_run: bool,
 ) -> anyhow::Result<()> {
     let now = inv.observed_at;
@@ -227,11 +229,28 @@ async fn compare_and_store(
             println!("  row {}: {} disagrees: {d}", p.row, p.what);
         }
     }
+    let listing = if authoritative {
+        inv.listing(source)
+    } else {
+        None
+    };
     if !gone.is_empty() {
         println!(
-            "  no longer in the sheet ({} GPU(s) this source reported before; they go missing \
-             after the stale window unless another source reports them):",
-            gone.len()
+            "  no longer in the sheet ({} GPU(s) this source reported before; {}):",
+            gone.len(),
+            match (authoritative, &listing) {
+                (true, Some(_)) =>
+                    "the sheet is authoritative: they stop counting as present \
+                                    now, unless another source reported them within the stale \
+                                    window",
+                (true, None) =>
+                    "the sheet is authoritative, but rows were left out, so this \
+                                 import ends nothing; they go missing after the stale window \
+                                 unless another source reports them",
+                (false, _) =>
+                    "they go missing after the stale window unless another source \
+                               reports them",
+            }
         );
         for g in &gone {
             println!(
@@ -250,8 +269,9 @@ async fn compare_and_store(
         teams: None,
         kind: gpuledger_collect::collectors::spreadsheet::KIND.to_string(),
     };
-    let outcome =
-        crate::pull::store_observations(store, &principal, inv.observations(source), now).await?;
+    let mut observations = inv.observations(source);
+    observations.extend(listing);
+    let outcome = crate::pull::store_observations(store, &principal, observations, now).await?;
     for r in &outcome.rejected {
         let row = r
             .path

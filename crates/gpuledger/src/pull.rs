@@ -30,6 +30,7 @@ pub async fn store_observations(
     let mut aliases = Vec::new();
     let mut exports = Vec::new();
     let mut stopped = Vec::new();
+    let mut listed = Vec::new();
     for o in observations {
         match o {
             Observation::Gpu { gpu, .. } => body.gpus.push(gpu),
@@ -49,6 +50,11 @@ pub async fn store_observations(
                 at,
                 ..
             } => stopped.push((host, instance_id, at)),
+            Observation::InventoryList {
+                uuids,
+                hosts,
+                provenance,
+            } => listed.push((uuids, hosts, provenance.observed_at)),
             Observation::BillingExport {
                 path,
                 size_bytes,
@@ -106,6 +112,12 @@ pub async fn store_observations(
     };
     let validated = TimeBounds::new(now, store.settings()).validate_collected(map);
     let outcome = store.ingest(principal, validated, now).await?;
+    // After the list's own records are stored, so that what it lists counts as seen.
+    for (uuids, hosts, at) in &listed {
+        store
+            .observe_inventory_list(principal, uuids, hosts, *at)
+            .await?;
+    }
     if !failed.is_empty() {
         anyhow::bail!(
             "{} billing export(s) could not be imported: {}",

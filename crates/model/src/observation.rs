@@ -86,6 +86,15 @@ pub enum Observation {
         state: String,
         provenance: Provenance,
     },
+    /// Everything an authoritative inventory (a sheet marked `authoritative`) lists now: the
+    /// GPUs it names by UUID and the hosts it counts. A GPU this source reported first that is
+    /// in neither, and that no other source saw within the stale window, stops counting as
+    /// present from the hour after `provenance.observed_at`.
+    InventoryList {
+        uuids: Vec<String>,
+        hosts: Vec<String>,
+        provenance: Provenance,
+    },
     /// A billing export (FinOps FOCUS CSV) that is new or changed at `path`: the server reads
     /// and reconciles it.
     BillingExport {
@@ -105,6 +114,7 @@ impl Observation {
             | Observation::HostGpuCount { provenance, .. }
             | Observation::HostAlias { provenance, .. }
             | Observation::HostStopped { provenance, .. }
+            | Observation::InventoryList { provenance, .. }
             | Observation::BillingExport { provenance, .. } => provenance,
         }
     }

@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use gpuledger_ledger::identity::{mig_placeholders, pool_target};
 use gpuledger_ledger::merge_gpu;
 use gpuledger_ledger::mig;
-use gpuledger_model::{hour_floor, HostGpus, PushAllocation, PushGpu, HOUR_SECS};
+use gpuledger_model::{
+    day_floor, hour_floor, HostGpus, PushAllocation, PushGpu, DAY_SECS, HOUR_SECS,
+};
 use sqlx::{Any, Transaction};
 
 use crate::ingest::Principal;
@@ -207,49 +209,104 @@ impl Store {
         .bind(at)
         .fetch_all(&mut *tx)
         .await?;
-        let cut = hour_floor(at) + HOUR_SECS;
-        let mut gone = 0;
         let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        let mut gone = 0;
         for id in ids {
-            let last: Option<i64> = sqlx::query_scalar(
-                &self.sql("SELECT MAX(hour) FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2"),
-            )
-            .bind(id)
-            .bind(cut)
-            .fetch_one(&mut *tx)
-            .await?;
-            let Some(last) = last else { continue };
-            let n = sqlx::query(&self.sql(
-                "DELETE FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND samples = 0 \
-                 AND billed_usd IS NULL",
-            ))
-            .bind(id)
-            .bind(cut)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if n == 0 {
-                continue;
-            }
-            gone += n;
-            // Days whose hours all went keep no row; the rest are rolled again.
-            let (lo, hi) = (
-                gpuledger_model::day_floor(cut),
-                gpuledger_model::day_floor(last) + gpuledger_model::DAY_SECS,
-            );
-            sqlx::query(
-                &self.sql("DELETE FROM gpu_days WHERE gpu_id = $1 AND day >= $2 AND day < $3"),
-            )
-            .bind(id)
-            .bind(lo)
-            .bind(hi)
-            .execute(&mut *tx)
-            .await?;
-            widen(&mut touched.entry(id).or_default().flags, lo, hi);
+            gone += self.end_presence(&mut tx, id, at, &mut touched).await?;
         }
         self.reroll(&mut tx, &touched).await?;
         tx.commit().await?;
         Ok(gone)
+    }
+
+    /// An authoritative inventory lists `uuids` and `hosts` at `at`: the physical GPUs this
+    /// source reported first that it no longer lists (a GPU by UUID, a placeholder by its
+    /// host), and that no other source reported within the stale window, stop counting as
+    /// present from the hour after `at`, as [`Store::observe_host_stopped`] ends them.
+    /// Returns how many GPU-hours went.
+    pub async fn observe_inventory_list(
+        &self,
+        who: &Principal,
+        uuids: &[String],
+        hosts: &[String],
+        at: DateTime<Utc>,
+    ) -> Result<u64> {
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.writer_tx().await?;
+        let at = at.timestamp();
+        let rows: Vec<(i64, String, Option<String>, i64)> = sqlx::query_as(&self.sql(
+            "SELECT g.id, g.uuid, g.host, g.placeholder FROM gpus g \
+             WHERE g.source = $1 AND g.mig_parent_uuid IS NULL AND g.last_seen <= $2 \
+             AND NOT EXISTS (SELECT 1 FROM gpu_attrs a WHERE a.gpu_id = g.id \
+               AND a.source <> $1 AND a.observed_at > $3)",
+        ))
+        .bind(who.source.clone())
+        .bind(at)
+        .bind(at - self.settings.stale_window_secs)
+        .fetch_all(&mut *tx)
+        .await?;
+        let uuids: BTreeSet<&str> = uuids.iter().map(String::as_str).collect();
+        let mut listed_hosts: BTreeSet<String> = BTreeSet::new();
+        for h in hosts {
+            listed_hosts.insert(self.resolve_host(&mut tx, h).await?);
+        }
+        let mut touched: BTreeMap<i64, Touched> = BTreeMap::new();
+        let mut gone = 0;
+        for (id, uuid, host, placeholder) in rows {
+            let listed = if placeholder != 0 {
+                host.is_some_and(|h| listed_hosts.contains(&h))
+            } else {
+                uuids.contains(uuid.as_str())
+            };
+            if !listed {
+                gone += self.end_presence(&mut tx, id, at, &mut touched).await?;
+            }
+        }
+        self.reroll(&mut tx, &touched).await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    /// GPU `id` is gone since `at`: its hours after the one `at` falls in that only presence
+    /// filled (no measured sample, no billed cost) go, and its days from then are rolled
+    /// again (a day left without hours keeps no row). Returns how many hours went.
+    async fn end_presence(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        id: i64,
+        at: i64,
+        touched: &mut BTreeMap<i64, Touched>,
+    ) -> Result<u64> {
+        let cut = hour_floor(at) + HOUR_SECS;
+        let last: Option<i64> = sqlx::query_scalar(
+            &self.sql("SELECT MAX(hour) FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2"),
+        )
+        .bind(id)
+        .bind(cut)
+        .fetch_one(&mut **tx)
+        .await?;
+        let Some(last) = last else { return Ok(0) };
+        let n = sqlx::query(&self.sql(
+            "DELETE FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND samples = 0 \
+             AND billed_usd IS NULL",
+        ))
+        .bind(id)
+        .bind(cut)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if n == 0 {
+            return Ok(0);
+        }
+        let (lo, hi) = (day_floor(cut), day_floor(last) + DAY_SECS);
+        sqlx::query(&self.sql("DELETE FROM gpu_days WHERE gpu_id = $1 AND day >= $2 AND day < $3"))
+            .bind(id)
+            .bind(lo)
+            .bind(hi)
+            .execute(&mut **tx)
+            .await?;
+        widen(&mut touched.entry(id).or_default().flags, lo, hi);
+        Ok(n)
     }
 
     /// Keep a host's placeholder MIG instances in line with the layout a count-only source

@@ -154,6 +154,7 @@ both!(
     billing_import_is_kept_and_shown_beside_the_estimate,
     one_cloud_instance_is_one_host_whichever_source_names_it,
     a_stopped_instance_stops_counting_when_the_cloud_says,
+    an_authoritative_sheet_ends_what_it_no_longer_lists,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -3339,4 +3340,70 @@ async fn a_stopped_instance_stops_counting_when_the_cloud_says(store: Store) {
         .unwrap();
     assert_eq!(none, 0);
     assert_eq!(hours(store.clone()).await, 3, "08:00, 10:00, 11:00");
+}
+
+/// An authoritative sheet listed GPUs A and B and a host counted by one placeholder at 08:00
+/// (present 08:00 and 09:00, the stale window); at 08:30 it lists only B, which an agent also
+/// reports: A and the placeholder count 08:00 only, B keeps its hours, and listing the same
+/// again ends nothing more.
+async fn an_authoritative_sheet_ends_what_it_no_longer_lists(store: Store) {
+    let sheet = who("sheet:inventory.csv", None);
+    let agent = who("agent-b", None);
+    push_at(
+        &store,
+        &sheet,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"H100","host":"rack-1","observed_at":"2026-12-02T08:00:00Z"}},
+                {{"uuid":"{B}","model":"H100","host":"rack-2","observed_at":"2026-12-02T08:00:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:00:00Z"),
+    )
+    .await;
+    let spare = HostGpus {
+        host: "spare-1".into(),
+        count: 1,
+        model: Some("A100".into()),
+        ..Default::default()
+    };
+    store
+        .observe_host_gpu_count(&sheet, &spare, t("2026-12-02T08:00:00Z"))
+        .await
+        .unwrap();
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{B}","model":"NVIDIA H100 80GB HBM3","host":"rack-2","observed_at":"2026-12-02T08:20:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:20:00Z"),
+    )
+    .await;
+    let hours_of = |store: Store, uuid: String| async move {
+        store
+            .gpu_detail(&uuid, dec2(), now())
+            .await
+            .unwrap()
+            .unwrap()
+            .hours
+            .len()
+    };
+    let placeholder = gpuledger_model::placeholder_uuid("spare-1", 0);
+    assert_eq!(hours_of(store.clone(), placeholder.clone()).await, 2);
+    let gone = store
+        .observe_inventory_list(&sheet, &[B.to_string()], &[], t("2026-12-02T08:30:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(gone, 2, "A's 09:00 and the placeholder's 09:00");
+    assert_eq!(hours_of(store.clone(), A.to_string()).await, 1);
+    assert_eq!(hours_of(store.clone(), placeholder).await, 1);
+    assert_eq!(
+        hours_of(store.clone(), B.to_string()).await,
+        3,
+        "08:00 to 10:00, the agent's window"
+    );
+    let again = store
+        .observe_inventory_list(&sheet, &[B.to_string()], &[], t("2026-12-02T08:40:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
 }

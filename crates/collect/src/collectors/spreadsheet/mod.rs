@@ -303,8 +303,12 @@ impl SpreadsheetCollector {
                 ),
             }));
         }
+        let mut observations = inv.observations(&self.name);
+        if self.config.authoritative {
+            observations.extend(inv.listing(&self.name));
+        }
         Ok(CollectReport {
-            observations: inv.observations(&self.name),
+            observations,
             problems: inv
                 .problems
                 .iter()

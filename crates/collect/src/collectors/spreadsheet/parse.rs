@@ -444,6 +444,24 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// What an authoritative sheet lists, as the observation that ends the presence of what it
+    /// no longer lists; `None` when a row was left out (a broken row must not end its GPU) or
+    /// nothing was read.
+    pub fn listing(&self, source: &str) -> Option<Observation> {
+        if !self.problems.is_empty() || (self.gpus.is_empty() && self.hosts.is_empty()) {
+            return None;
+        }
+        Some(Observation::InventoryList {
+            uuids: self.gpus.iter().map(|g| g.gpu.uuid.clone()).collect(),
+            hosts: self.hosts.iter().map(|h| h.host.host.clone()).collect(),
+            provenance: Provenance {
+                source: source.to_string(),
+                observed_at: self.observed_at,
+                raw_key: Some(format!("{} (authoritative)", self.file)),
+            },
+        })
+    }
+
     /// The records as observations of `source`.
     pub fn observations(&self, source: &str) -> Vec<Observation> {
         let prov = |row: usize| Provenance {
