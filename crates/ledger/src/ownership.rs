@@ -155,6 +155,18 @@ impl GpuFacts<'_> {
     }
 
     /// ` (from source rdu-k8s, seen 2026-12-02 11:02 UTC)`, when the store knows it.
+    /// `, sheet `inventory.csv` row 4` when label `key` came from an inventory sheet: the
+    /// source that gave it also gave the `sheet` and `sheet_row` labels.
+    fn sheet_row(&self, key: &str) -> Option<String> {
+        let seen = self.seen?;
+        let by = |k: &str| {
+            seen.get(&Attr::Label(k.to_string()).seen_key()?)
+                .map(|s| &s.source)
+        };
+        let (sheet, row) = (self.labels.get("sheet")?, self.labels.get("sheet_row")?);
+        (by(key)? == by("sheet_row")?).then(|| format!(", sheet `{sheet}` row {row}"))
+    }
+
     fn provenance(&self, a: &Attr, v: &str) -> Option<String> {
         let s = self.seen?.get(&a.seen_key()?)?;
         (s.value.trim() == v).then(|| {
@@ -344,8 +356,9 @@ impl OwnershipRules {
                 *slot = Some((
                     v.clone(),
                     format!(
-                        "label `{k}={v}`{}",
-                        from.unwrap_or_else(|| " on the GPU record".into())
+                        "label `{k}={v}`{}{}",
+                        from.unwrap_or_else(|| " on the GPU record".into()),
+                        g.sheet_row(k).unwrap_or_default()
                     ),
                 ));
             }
@@ -523,6 +536,51 @@ mod tests {
             "owner: nlp — label `team=nlp` on the GPU record; env: prod — label `env=prod` on \
              the GPU record; GPU first reported by source rdu-agent"
         );
+    }
+
+    /// A team from an inventory sheet names the sheet and row; a team another source gave
+    /// does not, even on a GPU the sheet also lists.
+    #[test]
+    fn a_sheet_team_names_its_file_and_row() {
+        use chrono::TimeZone;
+        let l = labels(&[("team", "vision"), ("sheet", "inv.csv"), ("sheet_row", "4")]);
+        let at = chrono::Utc.with_ymd_and_hms(2026, 12, 2, 8, 0, 0).unwrap();
+        let seen_from = |team_source: &str| -> BTreeMap<String, Seen> {
+            [
+                ("team", "vision", team_source),
+                ("sheet", "inv.csv", "sheet:inv.csv"),
+                ("sheet_row", "4", "sheet:inv.csv"),
+            ]
+            .into_iter()
+            .map(|(k, v, src)| {
+                (
+                    format!("label.{k}"),
+                    Seen {
+                        value: v.into(),
+                        source: src.into(),
+                        at,
+                    },
+                )
+            })
+            .collect()
+        };
+        let decide = |seen: &BTreeMap<String, Seen>| {
+            OwnershipRules::default().decide(&GpuFacts {
+                seen: Some(seen),
+                ..facts(&l, "dgx-1")
+            })
+        };
+        let o = decide(&seen_from("sheet:inv.csv"));
+        assert!(
+            o.reason.starts_with(
+                "owner: vision — label `team=vision` (from source sheet:inv.csv, seen 2026-12-02 \
+                 08:00 UTC), sheet `inv.csv` row 4;"
+            ),
+            "{}",
+            o.reason
+        );
+        let o = decide(&seen_from("agent-b01"));
+        assert!(!o.reason.contains("row 4"), "{}", o.reason);
     }
 
     #[test]
