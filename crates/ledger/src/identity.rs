@@ -127,3 +127,44 @@ mod tests {
         assert_eq!(pool_target(0, &[], &[]), None);
     }
 }
+
+/// Why a GPU cannot take work now although it may be present, from what its sources say: its
+/// Slurm node is drained, draining or down (`slurm.available = false`, with the node's state in
+/// `slurm.state`). `None` when nothing says so. The pages show it beside the GPU's state; it
+/// changes no figure (an unavailable GPU still costs its hours).
+pub fn unavailable(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    (labels.get("slurm.available").map(String::as_str) == Some("false")).then(|| {
+        match labels.get("slurm.state").filter(|s| !s.is_empty()) {
+            Some(state) => format!("unavailable: Slurm node {state}"),
+            None => "unavailable: Slurm node not available".to_string(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod unavailable_tests {
+    use super::unavailable;
+
+    #[test]
+    fn a_drained_slurm_node_is_unavailable() {
+        let l = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            unavailable(&l(&[
+                ("slurm.available", "false"),
+                ("slurm.state", "mixed+drain")
+            ]))
+            .as_deref(),
+            Some("unavailable: Slurm node mixed+drain")
+        );
+        assert_eq!(
+            unavailable(&l(&[("slurm.available", "true"), ("slurm.state", "idle")])),
+            None
+        );
+        assert_eq!(unavailable(&l(&[])), None);
+    }
+}

@@ -2050,3 +2050,32 @@ async fn limits_the_audit_log_is_for_readers_of_every_team() {
     let (status, _) = app.get("/api/v1/audit").await;
     assert_eq!(status, 401);
 }
+
+/// A GPU on a drained Slurm node is present but unavailable, and the inventory and GPU pages
+/// say so; a GPU of an available node says nothing more.
+#[tokio::test]
+async fn page_a_drained_slurm_node_shows_unavailable() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("slurm-hpc", &[]).await;
+    let mut body = inventory();
+    body["gpus"][0]["labels"] =
+        json!({"team": "nlp", "slurm.available": "false", "slurm.state": "mixed+drain"});
+    body["gpus"][1]["labels"] = json!({"team": "vision", "slurm.available": "true"});
+    assert_eq!(app.push(Some(&token), bytes(&body), false).await.0, 200);
+    let (status, html) = app.get("/inventory").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        html.matches("present, unavailable: Slurm node mixed+drain")
+            .count(),
+        1,
+        "{html}"
+    );
+    let (status, html) = app.get(&format!("/gpus/{A}")).await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("present, unavailable: Slurm node mixed+drain"),
+        "{html}"
+    );
+    let (_, html) = app.get(&format!("/gpus/{B}")).await;
+    assert!(!html.contains("unavailable"), "{html}");
+}

@@ -212,7 +212,10 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
         ("Environment".into(), g.env.clone(), said_by("labels.env")),
         (
             "State".into(),
-            g.state.as_str().to_string(),
+            match gpuledger_ledger::identity::unavailable(&g.labels) {
+                Some(why) => format!("{}, {why}", g.state.as_str()),
+                None => g.state.as_str().to_string(),
+            },
             format!(
                 "first seen {}, last seen {}",
                 g.first_seen.format("%Y-%m-%d %H:%M"),

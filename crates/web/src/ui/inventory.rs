@@ -113,7 +113,7 @@ pub async fn inventory(
         col("Cloud / region", "Where it runs."),
         col("Team", "Owner team; `unowned` when no rule places it."),
         col("Env", "Environment; `unknown` when no source gives it."),
-        col("State", "present, or missing when unobserved for longer than the stale window (2 h)."),
+        col("State", "present, or missing when unobserved for longer than the stale window (2 h); unavailable when its source says it cannot take work (a drained or down Slurm node)."),
         ncol("Activity", "Mean hourly activity over the range's known hours; unknown when no hour is known."),
         ncol("$/h", "Hourly rate; hover for its origin."),
         ncol("Cost", "Present hours in the range × rate (estimate)."),
@@ -139,7 +139,10 @@ pub async fn inventory(
             )),
             Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
             Cell::text(g.env.clone()),
-            Cell::text(g.state.as_str()),
+            Cell::text(match gpuledger_ledger::identity::unavailable(&g.labels) {
+                Some(why) => format!("{}, {why}", g.state.as_str()),
+                None => g.state.as_str().to_string(),
+            }),
             Cell::num(pct(a), a.unwrap_or(-1.0)),
             Cell::num(
                 g.usd_per_hour
