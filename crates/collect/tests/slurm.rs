@@ -671,6 +671,9 @@ fn real_cluster_jobs_become_allocations_and_the_cursor_survives_a_restart() {
             assert_eq!(x.user.as_deref(), Some(user));
             assert_eq!(x.context.slurm_account.as_deref(), Some(account));
             assert_eq!(x.context.slurm_partition.as_deref(), Some("gpu"));
+            assert_eq!(x.context.slurm_state.as_deref(), Some("COMPLETED"), "{x:?}");
+            assert!(x.context.slurm_qos.is_some(), "{x:?}");
+            assert!(x.context.slurm_job_name.is_some(), "{x:?}");
             assert_eq!(x.start.timestamp(), start);
             assert_eq!(x.end.map(|e| e.timestamp()), end);
             assert!(

@@ -665,6 +665,9 @@ fn check_allocation(
     text(&cpath, "namespace", ctx.namespace.as_deref())?;
     text(&cpath, "slurm_account", ctx.slurm_account.as_deref())?;
     text(&cpath, "slurm_partition", ctx.slurm_partition.as_deref())?;
+    text(&cpath, "slurm_qos", ctx.slurm_qos.as_deref())?;
+    text(&cpath, "slurm_job_name", ctx.slurm_job_name.as_deref())?;
+    text(&cpath, "slurm_state", ctx.slurm_state.as_deref())?;
     for (field, map) in ctx.maps() {
         labels(&format!("{cpath}.{field}"), map)?;
     }

@@ -200,6 +200,14 @@ pub struct WorkloadContext {
     pub slurm_account: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_partition: Option<String>,
+    /// The Slurm job's QOS, name and final or current state (`COMPLETED`, `RUNNING`), as
+    /// accounting records them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_qos: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_state: Option<String>,
 }
 
 impl WorkloadContext {

@@ -516,7 +516,8 @@ mod tests {
             "context": {
                 "namespace": "nlp-prod", "pod_labels": {"a": "b"}, "pod_annotations": {"a": "b"},
                 "namespace_labels": {"a": "b"}, "namespace_annotations": {"a": "b"},
-                "slurm_account": "speech", "slurm_partition": "a100-long"
+                "slurm_account": "speech", "slurm_partition": "a100-long",
+                "slurm_qos": "normal", "slurm_job_name": "train", "slurm_state": "COMPLETED"
             }
         });
         let mut checked = check_record(&doc, "allocations", "PushAllocation", &alloc, None, &[]);
@@ -591,7 +592,8 @@ mod tests {
                 wire_fields::<gpuledger_model::WorkloadContext>(json!({
                     "namespace": "ns", "pod_labels": {"a": "b"}, "pod_annotations": {"a": "b"},
                     "namespace_labels": {"a": "b"}, "namespace_annotations": {"a": "b"},
-                    "slurm_account": "x", "slurm_partition": "y"
+                    "slurm_account": "x", "slurm_partition": "y", "slurm_qos": "q",
+                    "slurm_job_name": "j", "slurm_state": "RUNNING"
                 })),
             ),
         ] {

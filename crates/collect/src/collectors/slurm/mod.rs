@@ -1139,6 +1139,9 @@ fn allocate<'a>(
                 context: WorkloadContext {
                     slurm_account: job.account.clone(),
                     slurm_partition: job.partition.clone(),
+                    slurm_qos: job.qos.clone().filter(|q| !q.trim().is_empty()),
+                    slurm_job_name: job.name.clone().filter(|n| !n.trim().is_empty()),
+                    slurm_state: Some(job.state.clone()).filter(|s| !s.trim().is_empty()),
                     ..WorkloadContext::default()
                 },
             })
