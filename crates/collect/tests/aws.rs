@@ -296,3 +296,26 @@ async fn moto_assumed_role_and_an_unreachable_endpoint() {
         "{text}"
     );
 }
+
+/// An account whose role cannot be assumed fails every region of it: with no other account,
+/// the run fails (the source turns `error`), naming the account.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_role_that_cannot_be_assumed_fails_the_run() {
+    test_credentials();
+    let c = AwsCollector::new(
+        "aws-no-sts",
+        AwsConfig::from_toml(
+            "regions = [\"us-east-1\", \"eu-west-1\"]\nendpoint = \"http://127.0.0.1:9\"\n\
+             sts_endpoint = \"http://127.0.0.1:9\"\ntimeout_secs = 2\n\
+             accounts = [{ id = \"111122223333\", role_arn = \"arn:aws:iam::111122223333:role/r\" }]\n",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let e = c.collect().await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("account 111122223333") && text.contains("STS AssumeRole"),
+        "{text}"
+    );
+}

@@ -183,7 +183,6 @@ impl Store {
         instance_id: Option<&str>,
         at: DateTime<Utc>,
     ) -> Result<u64> {
-        let _ = who;
         let _writer = self.write_lock.lock().await;
         let mut tx = self.writer_tx().await?;
         let claimed: Option<String> = match instance_id {
@@ -216,6 +215,9 @@ impl Store {
         }
         self.reroll(&mut tx, &touched).await?;
         tx.commit().await?;
+        if gone > 0 {
+            tracing::info!(source = %who.source, %host, gpu_hours = gone, "stopped instance: presence ended");
+        }
         Ok(gone)
     }
 

@@ -248,7 +248,7 @@ impl AwsCollector {
     pub async fn instances(&self) -> Result<(Vec<CloudInstance>, Vec<PartProblem>), CollectError> {
         let mut out = Vec::new();
         let mut problems = Vec::new();
-        let mut parts = 0;
+        let (mut parts, mut failed) = (0, 0);
         for account in &self.config.accounts {
             let who = account
                 .id
@@ -258,6 +258,7 @@ impl AwsCollector {
                 Ok(c) => c,
                 Err(e) => {
                     parts += self.config.regions.len();
+                    failed += self.config.regions.len();
                     problems.push(PartProblem {
                         part: format!("account {who}"),
                         error: e,
@@ -269,17 +270,20 @@ impl AwsCollector {
                 parts += 1;
                 match self.read_region(&creds, account, region).await {
                     Ok(mut found) => out.append(&mut found),
-                    Err(e) => problems.push(PartProblem {
-                        part: format!("account {who}, region {region}"),
-                        error: e,
-                    }),
+                    Err(e) => {
+                        failed += 1;
+                        problems.push(PartProblem {
+                            part: format!("account {who}, region {region}"),
+                            error: e,
+                        })
+                    }
                 }
             }
         }
-        if parts > 0 && problems.len() >= parts {
+        if parts > 0 && failed >= parts {
             // Every part failed: the run failed, with the first reason and a count.
             let first = problems.remove(0);
-            let more = match problems.len() {
+            let more = match failed - 1 {
                 0 => String::new(),
                 n => format!(" (and {n} more account/region parts failed)"),
             };
