@@ -13,7 +13,7 @@ if [ ! -d "$fixtures/nvidia-smi" ] || [ ! -d "$fixtures/dcgm" ]; then
     exit 1
 fi
 corpus="$fuzz/corpus"
-mkdir -p "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api}
+mkdir -p "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers}
 
 # nvidia-smi -q -x, as is.
 cp "$fixtures"/nvidia-smi/*.xml "$corpus/agent_smi_xml/"
@@ -91,6 +91,20 @@ for f in sorted(src.glob("*.prom")):
      "data": {"resultType": "vector", "result": []}}))
 PY
 
-for d in "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api}; do
+# Slurm command outputs, as is.
+cp "$fixtures"/slurm/* "$corpus/slurm_parse/"
+
+# Cloud answers and inventory sheets: the recorded GCP answer, the sample sheet and its XLSX
+# twin (the repository's), and the test modules' EC2 and Azure answers.
+repo="$fuzz/.."
+cp "$fixtures"/cloud/gcp/*.json "$repo/docs/examples/inventory-sample.csv" \
+    "$repo/crates/collect/tests/data/inventory.xlsx" "$corpus/cloud_answers/"
+python3 - "$repo/crates/collect/src/collectors/aws/xml.rs" "$corpus/cloud_answers" <<'PY'
+import pathlib, re, sys
+src, dst = pathlib.Path(sys.argv[1]).read_text(), pathlib.Path(sys.argv[2])
+(dst / "ec2-instances.xml").write_text(re.search(r'const INSTANCES: &str = r#"(.*?)"#;', src, re.S).group(1))
+PY
+
+for d in "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers}; do
     echo "$(basename "$d"): $(find "$d" -type f | wc -l) files, $(du -sk "$d" | cut -f1) KiB"
 done
