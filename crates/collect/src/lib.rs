@@ -71,6 +71,30 @@ pub struct CollectReport {
     pub problems: Vec<PartProblem>,
 }
 
+/// The error of a run whose parts (`what`: endpoints, projects, subscriptions) all failed,
+/// each told by `text`: a configuration error only when every one was, since a passing
+/// failure of one part may clear on its own.
+pub(crate) fn all_failed(
+    failed: &[PartProblem],
+    what: &str,
+    text: impl Fn(&PartProblem) -> String,
+) -> CollectError {
+    let all_config = failed
+        .iter()
+        .all(|p| matches!(p.error, CollectError::Config(_)));
+    let joined = failed.iter().map(text).collect::<Vec<_>>().join("; ");
+    let msg = if failed.len() == 1 {
+        joined
+    } else {
+        format!("all {} {what} failed: {joined}", failed.len())
+    };
+    if all_config {
+        CollectError::Config(msg)
+    } else {
+        CollectError::Transient(msg)
+    }
+}
+
 /// The future a collector run returns.
 pub type CollectFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Observation>, CollectError>> + Send + 'a>>;

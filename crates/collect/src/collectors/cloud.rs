@@ -189,6 +189,18 @@ pub fn observations(
     out
 }
 
+/// One run of a cloud collector as source `source`: the observations of the instances read
+/// now, and the accounts, projects or subscriptions that failed.
+pub fn report(
+    source: &str,
+    (instances, problems): (Vec<CloudInstance>, Vec<crate::PartProblem>),
+) -> crate::CollectReport {
+    crate::CollectReport {
+        observations: observations(source, &instances, crate::now_secs()),
+        problems,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

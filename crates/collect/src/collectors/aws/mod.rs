@@ -34,8 +34,7 @@ use serde::Deserialize;
 
 use crate::collectors::cloud::{self, CloudInstance, GpuSpec, InstanceState, Lifecycle};
 use crate::{
-    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
-    ReportFuture,
+    in_range, CollectError, CollectFuture, CollectReport, Collector, PartProblem, ReportFuture,
 };
 use creds::{Chain, Credentials};
 
@@ -580,12 +579,7 @@ fn to_instance(
 
 impl AwsCollector {
     async fn report(&self) -> Result<CollectReport, CollectError> {
-        let now = now_secs();
-        let (instances, problems) = self.instances().await?;
-        Ok(CollectReport {
-            observations: cloud::observations(&self.name, &instances, now),
-            problems,
-        })
+        Ok(cloud::report(&self.name, self.instances().await?))
     }
 }
 

@@ -35,8 +35,7 @@ use crate::collectors::cloud::{CloudInstance, GpuSpec};
 use crate::collectors::gcp::auth::Token;
 use crate::http::get_bytes;
 use crate::{
-    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
-    ReportFuture,
+    in_range, CollectError, CollectFuture, CollectReport, Collector, PartProblem, ReportFuture,
 };
 pub use auth::{AzureCredentials, SecretSource};
 
@@ -377,7 +376,11 @@ impl AzureCollector {
             *self.token.lock().await = None;
         }
         if failed.len() == self.config.subscriptions.len() {
-            return Err(all_failed(failed));
+            return Err(crate::all_failed(
+                &failed,
+                "subscriptions",
+                ToString::to_string,
+            ));
         }
         problems.extend(failed);
         Ok((instances, problems))
@@ -614,36 +617,10 @@ impl AzureCollector {
 
     /// Read every subscription once into observations.
     pub async fn run(&self) -> Result<CollectReport, CollectError> {
-        let (instances, problems) = self.instances().await?;
-        Ok(CollectReport {
-            observations: crate::collectors::cloud::observations(
-                &self.name,
-                &instances,
-                now_secs(),
-            ),
-            problems,
-        })
-    }
-}
-
-fn all_failed(failed: Vec<PartProblem>) -> CollectError {
-    let all_config = failed
-        .iter()
-        .all(|p| matches!(p.error, CollectError::Config(_)));
-    let text = failed
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ");
-    let msg = if failed.len() == 1 {
-        text
-    } else {
-        format!("all {} subscriptions failed: {text}", failed.len())
-    };
-    if all_config {
-        CollectError::Config(msg)
-    } else {
-        CollectError::Transient(msg)
+        Ok(crate::collectors::cloud::report(
+            &self.name,
+            self.instances().await?,
+        ))
     }
 }
 

@@ -254,7 +254,7 @@ impl DcgmCollector {
             }
         }
         if failed.len() == endpoints.len() {
-            return Err(all_failed(failed));
+            return Err(crate::all_failed(&failed, "parts", |p| p.error.to_string()));
         }
         report.problems.extend(failed);
         Ok(report)
@@ -449,7 +449,7 @@ impl DcgmCollector {
             start = end + step;
         }
         if windows > 0 && failed.len() == windows {
-            return Err(all_failed(failed));
+            return Err(crate::all_failed(&failed, "parts", |p| p.error.to_string()));
         }
         report.problems.extend(failed);
         let provenance = |observed_at| Provenance {
@@ -577,27 +577,6 @@ impl DcgmCollector {
             }
         }
         out
-    }
-}
-
-fn all_failed(failed: Vec<PartProblem>) -> CollectError {
-    let all_config = failed
-        .iter()
-        .all(|p| matches!(p.error, CollectError::Config(_)));
-    let text = failed
-        .iter()
-        .map(|p| p.error.to_string())
-        .collect::<Vec<_>>()
-        .join("; ");
-    let msg = if failed.len() == 1 {
-        text
-    } else {
-        format!("all {} parts failed: {text}", failed.len())
-    };
-    if all_config {
-        CollectError::Config(msg)
-    } else {
-        CollectError::Transient(msg)
     }
 }
 

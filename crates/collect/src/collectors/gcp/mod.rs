@@ -27,8 +27,7 @@ use serde::Deserialize;
 use crate::collectors::cloud::CloudInstance;
 use crate::http::get_bytes;
 use crate::{
-    in_range, now_secs, CollectError, CollectFuture, CollectReport, Collector, PartProblem,
-    ReportFuture,
+    in_range, CollectError, CollectFuture, CollectReport, Collector, PartProblem, ReportFuture,
 };
 pub use auth::GcpCredentials;
 
@@ -266,7 +265,7 @@ impl GcpCollector {
             *self.token.lock().await = None;
         }
         if failed.len() == self.config.projects.len() {
-            return Err(all_failed(failed));
+            return Err(crate::all_failed(&failed, "projects", ToString::to_string));
         }
         problems.extend(failed);
         Ok((instances, problems))
@@ -351,38 +350,10 @@ impl GcpCollector {
 
     /// Read every project once into observations.
     pub async fn run(&self) -> Result<CollectReport, CollectError> {
-        let (instances, problems) = self.instances().await?;
-        Ok(CollectReport {
-            observations: crate::collectors::cloud::observations(
-                &self.name,
-                &instances,
-                now_secs(),
-            ),
-            problems,
-        })
-    }
-}
-
-/// The error of a run whose projects all failed: a configuration error only when every one
-/// was.
-fn all_failed(failed: Vec<PartProblem>) -> CollectError {
-    let all_config = failed
-        .iter()
-        .all(|p| matches!(p.error, CollectError::Config(_)));
-    let text = failed
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ");
-    let msg = if failed.len() == 1 {
-        text
-    } else {
-        format!("all {} projects failed: {text}", failed.len())
-    };
-    if all_config {
-        CollectError::Config(msg)
-    } else {
-        CollectError::Transient(msg)
+        Ok(crate::collectors::cloud::report(
+            &self.name,
+            self.instances().await?,
+        ))
     }
 }
 

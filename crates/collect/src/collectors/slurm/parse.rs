@@ -96,19 +96,19 @@ pub struct GresGpu {
     pub indexes: Option<Vec<u32>>,
 }
 
-/// Split on commas outside parentheses: `gpu:a100:3(IDX:0-1,3),nsight:0`.
-fn split_top_level(text: &str) -> Vec<&str> {
+/// Split on commas outside `open` … `close` pairs: `gpu:a100:3(IDX:0-1,3),nsight:0` with
+/// parentheses, a host list `gpu[01-02,05],cpu1` with square brackets.
+fn split_outside(text: &str, open: char, close: char) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut from) = (0i32, 0);
     for (i, c) in text.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth <= 0 => {
-                out.push(&text[from..i]);
-                from = i + 1;
-            }
-            _ => {}
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+        } else if c == ',' && depth <= 0 {
+            out.push(&text[from..i]);
+            from = i + 1;
         }
     }
     out.push(&text[from..]);
@@ -152,7 +152,7 @@ pub fn parse_gres(text: &str) -> Result<Vec<GresGpu>, String> {
         return Ok(Vec::new());
     }
     let mut out: Vec<GresGpu> = Vec::new();
-    for entry in split_top_level(text) {
+    for entry in split_outside(text, '(', ')') {
         let (spec, paren) = match entry.find('(') {
             Some(i) => {
                 let inner = entry[i + 1..]
@@ -304,29 +304,10 @@ pub fn expand_hostlist(text: &str) -> Result<Vec<String>, String> {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    for part in split_brackets(text) {
+    for part in split_outside(text, '[', ']') {
         expand_one(part, &mut out)?;
     }
     Ok(out)
-}
-
-/// Split on commas outside square brackets.
-fn split_brackets(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut from) = (0i32, 0);
-    for (i, c) in text.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth <= 0 => {
-                out.push(&text[from..i]);
-                from = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&text[from..]);
-    out
 }
 
 fn expand_one(name: &str, out: &mut Vec<String>) -> Result<(), String> {
