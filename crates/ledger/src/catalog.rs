@@ -7,7 +7,8 @@
 //! too). Fractional-GPU instances (a slice of one GPU that the host sees as a GPU) cost their
 //! whole price per visible GPU: the divisor is never below one GPU.
 
-/// When the catalog's figures were last read off their sources.
+/// When the catalog's first rows were read off their sources; rows added later carry their own
+/// date ([`InstancePrice::as_of`]).
 pub const CATALOG_AS_OF: &str = "2026-12-02";
 
 /// One instance type's price.
@@ -22,6 +23,8 @@ pub struct InstancePrice {
     pub usd_per_hour: f64,
     pub region: &'static str,
     pub source: &'static str,
+    /// When the figure was read off its source.
+    pub as_of: &'static str,
 }
 
 impl InstancePrice {
@@ -33,6 +36,9 @@ impl InstancePrice {
 
 const SKYPILOT_AWS: &str =
     "SkyPilot catalog v7 aws/vms.csv, us-east-1 on-demand (corpus pricing/skypilot-catalog-v7-aws-vms-gpu-subset.csv)";
+/// The same file, read past the corpus's subset (which holds only the p3/p4/p5 rows).
+const SKYPILOT_AWS_V7: &str =
+    "SkyPilot catalog v7 aws/vms.csv (skypilot-org/skypilot-catalog at 001367d2), us-east-1 on-demand";
 const AWS_PAGE: &str = "AWS EC2 On-Demand pricing page, US East (N. Virginia), Linux";
 const AWS_CAPACITY_BLOCKS: &str =
     "AWS EC2 Capacity Blocks for ML pricing page, US East (Ohio) (no on-demand list price)";
@@ -41,6 +47,9 @@ const AZURE_PAGE: &str = "Azure Linux Virtual Machines pricing page, East US, pa
 
 macro_rules! row {
     ($cloud:literal, $it:literal, $gpus:literal, $fam:literal, $usd:literal, $region:literal, $src:expr) => {
+        row!($cloud, $it, $gpus, $fam, $usd, $region, $src, CATALOG_AS_OF)
+    };
+    ($cloud:literal, $it:literal, $gpus:literal, $fam:literal, $usd:literal, $region:literal, $src:expr, $as_of:expr) => {
         InstancePrice {
             cloud: $cloud,
             instance_type: $it,
@@ -49,6 +58,7 @@ macro_rules! row {
             usd_per_hour: $usd,
             region: $region,
             source: $src,
+            as_of: $as_of,
         }
     };
 }
@@ -192,6 +202,18 @@ pub const CATALOG: &[InstancePrice] = &[
         "us-east-1",
         AWS_PAGE
     ),
+    // 8 × first-generation Gaudi (HL-205). No AWS, GCP or Azure instance with Gaudi 2, Gaudi 3
+    // or an Instinct older than MI300X was found.
+    row!(
+        "aws",
+        "dl1.24xlarge",
+        8.0,
+        "Gaudi",
+        13.10904,
+        "us-east-1",
+        SKYPILOT_AWS_V7,
+        "2026-12-04"
+    ),
     // GCP (prices include the VM's CPU and memory)
     row!(
         "gcp",
@@ -229,7 +251,8 @@ pub const CATALOG: &[InstancePrice] = &[
         "us-central1",
         GCP_PAGE
     ),
-    // Azure
+    // Azure. ND MI300X v5 (8 × MI300X) is not here: its list price was not read off Azure's
+    // page, so its GPUs take the MI300X family rate.
     row!(
         "azure",
         "Standard_ND96isr_H100_v5",
@@ -285,6 +308,29 @@ pub fn instance_price(instance_type: &str) -> Option<&'static InstancePrice> {
         .find(|p| p.instance_type.eq_ignore_ascii_case(it))
 }
 
+/// A folder of the test corpus (`shared/fixtures`, or `GPULEDGER_CORPUS`), or `None` when it is
+/// missing and `GPULEDGER_REQUIRE_CORPUS` is unset (the test then skips).
+#[cfg(test)]
+pub(crate) fn corpus_dir(sub: &str) -> Option<std::path::PathBuf> {
+    let corpus = std::env::var_os("GPULEDGER_CORPUS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        });
+    let dir = corpus.join(sub);
+    if dir.exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_none(),
+        "GPULEDGER_REQUIRE_CORPUS is set but {} is missing (set GPULEDGER_CORPUS to the \
+         fixtures folder)",
+        dir.display()
+    );
+    eprintln!("skipped: no corpus at {}", dir.display());
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,27 +348,32 @@ mod tests {
         assert!(instance_price("m5.large").is_none());
     }
 
+    /// dl1.24xlarge: 8 first-generation Gaudi at $13.10904/h (SkyPilot catalog v7, us-east-1),
+    /// read on its own date, and its GPUs' model name finds the same family.
+    #[test]
+    fn dl1_prices_each_gaudi_at_an_eighth() {
+        let dl1 = instance_price("dl1.24xlarge").unwrap();
+        assert_eq!((dl1.cloud, dl1.family, dl1.gpus), ("aws", "Gaudi", 8.0));
+        assert_eq!(dl1.per_gpu(), 13.10904 / 8.0);
+        assert_eq!(dl1.per_gpu(), 1.63863);
+        assert_eq!(dl1.as_of, "2026-12-04");
+        assert_eq!(
+            crate::rates::family_of("Gaudi HL-205").map(|f| f.family),
+            Some(dl1.family),
+            "SkyPilot's accelerator name for dl1"
+        );
+        assert_eq!(instance_price("p5.48xlarge").unwrap().as_of, CATALOG_AS_OF);
+    }
+
     /// Every instance type the corpus's SkyPilot AWS catalog prices in us-east-1 that the
     /// built-in catalog also holds has the same on-demand price and GPU count.
     #[test]
     fn catalog_agrees_with_the_corpus_skypilot_prices() {
-        let corpus = std::env::var_os("GPULEDGER_CORPUS")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../../shared/fixtures")
-            });
-        let file = corpus.join("pricing/skypilot-catalog-v7-aws-vms-gpu-subset.csv");
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            assert!(
-                std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_none(),
-                "GPULEDGER_REQUIRE_CORPUS is set but {} is missing (set GPULEDGER_CORPUS to \
-                 the fixtures folder)",
-                file.display()
-            );
-            eprintln!("skipped: no corpus at {}", file.display());
+        let Some(pricing) = corpus_dir("pricing") else {
             return;
         };
+        let file = pricing.join("skypilot-catalog-v7-aws-vms-gpu-subset.csv");
+        let text = std::fs::read_to_string(&file).unwrap();
         let mut reader = csv::Reader::from_reader(text.as_bytes());
         let mut checked = std::collections::BTreeSet::new();
         for row in reader.deserialize::<std::collections::HashMap<String, String>>() {
@@ -351,7 +402,7 @@ mod tests {
 
     #[test]
     fn catalog_covers_the_families_on_every_cloud_and_is_well_formed() {
-        for fam in ["A100", "H100", "H200", "L40S", "L4", "A10G", "T4"] {
+        for fam in ["A100", "H100", "H200", "L40S", "L4", "A10G", "T4", "Gaudi"] {
             assert!(CATALOG.iter().any(|p| p.family == fam), "{fam}");
         }
         for cloud in ["aws", "gcp", "azure"] {
@@ -365,6 +416,18 @@ mod tests {
                 seen.insert(p.instance_type.to_ascii_lowercase()),
                 "{}",
                 p.instance_type
+            );
+            assert!(
+                crate::rates::BUILTIN_RATES
+                    .iter()
+                    .any(|r| r.family == p.family),
+                "{}: family {} is not in the built-in table",
+                p.instance_type,
+                p.family
+            );
+            assert!(
+                chrono::NaiveDate::parse_from_str(p.as_of, "%Y-%m-%d").is_ok(),
+                "{p:?}"
             );
         }
     }

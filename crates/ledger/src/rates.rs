@@ -2,7 +2,9 @@
 //! on-demand prices per GPU model family. The rate always carries its origin.
 //!
 //! Built-in figures (USD per GPU-hour = instance on-demand price ÷ GPUs per instance; for the
-//! single-GPU `g` instances the figure includes the instance's CPU and memory):
+//! single-GPU `g` instances the figure includes the instance's CPU and memory). An accelerator no
+//! AWS, GCP or Azure instance carries has a stand-in or derived figure, and its row says which and
+//! how:
 //!
 //! | family | $/GPU-h | figure and public source |
 //! | --- | --- | --- |
@@ -15,6 +17,16 @@
 //! | A10G | 1.006 | g5.xlarge $1.006/h ÷ 1, us-east-1, AWS EC2 on-demand price page |
 //! | L4 | 0.8048 | g6.xlarge $0.8048/h ÷ 1, us-east-1, AWS EC2 on-demand price page |
 //! | T4 | 0.35 | GCP T4 accelerator $0.35/h per GPU, us-central1, SkyPilot GCP catalog (2022) |
+//! | MI300X | 6.00 | Azure ND MI300X v5 (`Standard_ND96isr_MI300X_v5`, 8 × MI300X) and OCI list MI300X at $6/GPU-h, as reported by the third-party research note "AMD inference economics", cliffcenter.com, 2026-05-18; rounded, and Azure's own price page was not read (so the catalog has no row for that size) |
+//! | MI250X/MI250 | 5.1207 | stand-in, not a price anyone sells it at: no AWS, GCP or Azure instance carries it, so it takes the A100 80GB rate above (same generation and class: CDNA 2, 2021, 128 GB HBM2e OAM modules, eight to a node) |
+//! | MI210 | 4.0966 | stand-in: no AWS, GCP or Azure instance carries it; takes the A100 rate above (CDNA 2 PCIe card, 64 GB HBM2e, 2022, A100-class) |
+//! | MI100 | 3.06 | stand-in: no AWS, GCP or Azure instance carries it; takes the V100 rate above (CDNA 1 PCIe card, 32 GB HBM2, 2020, between V100 and A100 in matrix throughput; the lower one is a judgement) |
+//! | Gaudi 3 | 8.1933 | derived: no AWS, GCP or Azure instance carries it; the H100 rate above × 2/3, the ratio Intel gave at Computex 2024 for a kit of eight Gaudi 3 on a baseboard ($125,000 list) against a comparable H100 platform (taiwantechtalk.com, "Computex 2024 review: Intel gets its mojo back") |
+//! | Gaudi 2 | 4.0967 | derived: no AWS, GCP or Azure instance carries it; the H100 rate above × 1/3, the ratio Intel gave at Computex 2024 for a kit of eight Gaudi 2 ($65,000 list) against comparable competing platforms (same page) |
+//! | Gaudi | 1.63863 | dl1.24xlarge $13.10904/h ÷ 8 (first-generation Gaudi, HL-205), us-east-1, SkyPilot catalog v7 `aws/vms.csv` |
+//!
+//! The NVIDIA rows were checked 2026-12-02, the AMD and Intel rows read 2026-12-04 (each row's
+//! `as_of`).
 
 use std::collections::BTreeMap;
 
@@ -22,7 +34,8 @@ use gpuledger_model::{Rate, RateOrigin};
 
 use crate::facts::Attr;
 
-/// When the built-in table was last checked against its sources.
+/// When the table's NVIDIA rows were last checked against their sources (each row carries the
+/// date it was read, [`BuiltinRate::as_of`]).
 pub const BUILTIN_RATES_AS_OF: &str = "2026-12-02";
 
 /// One row of the built-in table.
@@ -30,67 +43,144 @@ pub const BUILTIN_RATES_AS_OF: &str = "2026-12-02";
 pub struct BuiltinRate {
     /// Family name, also the override key.
     pub family: &'static str,
-    /// Every token that must appear in the model name (upper case), e.g. `["A100", "80GB"]`.
-    pub tokens: &'static [&'static str],
+    /// The ways a model name spells the family: the row matches when every word of one spelling
+    /// is in the name, case and punctuation aside. A word of several tokens must appear as
+    /// consecutive tokens: `HL-225` matches `HL-225` but not `HL 2250`, `Gaudi 2` matches
+    /// `Intel Gaudi 2` and `Gaudi-2`. `["A100", "80GB"]` matches `NVIDIA A100-SXM4-80GB`.
+    pub spellings: &'static [&'static [&'static str]],
     pub usd_per_hour: f64,
     pub source: &'static str,
+    /// When the figure was read off its source.
+    pub as_of: &'static str,
 }
 
-/// Most specific first: the first row whose tokens all appear in the model name wins.
+/// When the AMD and Intel rows were read off their sources.
+const AMD_INTEL_READ: &str = "2026-12-04";
+
+/// Most specific first: the first row one of whose spellings the model name holds wins.
 pub const BUILTIN_RATES: &[BuiltinRate] = &[
     BuiltinRate {
         family: "H200",
-        tokens: &["H200"],
+        spellings: &[&["H200"]],
         usd_per_hour: 5.408,
         source: "p5e.48xlarge $43.26/h ÷ 8, AWS EC2 Capacity Blocks, US East (Ohio)",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "H100",
-        tokens: &["H100"],
+        spellings: &[&["H100"]],
         usd_per_hour: 12.29,
         source: "p5.48xlarge $98.32/h ÷ 8, AWS us-east-1 on-demand (SkyPilot catalog v7)",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "A100 80GB",
-        tokens: &["A100", "80GB"],
+        spellings: &[&["A100", "80GB"]],
         usd_per_hour: 5.1207,
         source: "p4de.24xlarge $40.96575/h ÷ 8, AWS us-east-1 on-demand (SkyPilot catalog v7)",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "A100",
-        tokens: &["A100"],
+        spellings: &[&["A100"]],
         usd_per_hour: 4.0966,
         source: "p4d.24xlarge $32.7726/h ÷ 8, AWS us-east-1 on-demand (SkyPilot catalog v7)",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "V100",
-        tokens: &["V100"],
+        spellings: &[&["V100"]],
         usd_per_hour: 3.06,
         source: "p3.2xlarge $3.06/h, AWS us-east-1 on-demand (SkyPilot catalog v7)",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "L40S",
-        tokens: &["L40S"],
+        spellings: &[&["L40S"]],
         usd_per_hour: 1.861,
         source: "g6e.xlarge $1.861/h, AWS us-east-1 on-demand",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "A10G",
-        tokens: &["A10G"],
+        spellings: &[&["A10G"]],
         usd_per_hour: 1.006,
         source: "g5.xlarge $1.006/h, AWS us-east-1 on-demand",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "L4",
-        tokens: &["L4"],
+        spellings: &[&["L4"]],
         usd_per_hour: 0.8048,
         source: "g6.xlarge $0.8048/h, AWS us-east-1 on-demand",
+        as_of: BUILTIN_RATES_AS_OF,
     },
     BuiltinRate {
         family: "T4",
-        tokens: &["T4"],
+        spellings: &[&["T4"]],
         usd_per_hour: 0.35,
         source: "GCP T4 $0.35/h per GPU, us-central1 (SkyPilot GCP catalog, 2022)",
+        as_of: BUILTIN_RATES_AS_OF,
+    },
+    // AMD Instinct: amd-smi's market name (`AMD Instinct MI300X`, `MI250X/MI250`) or rocm-smi's
+    // card series (`Arcturus GL-XL [Instinct MI100]`).
+    BuiltinRate {
+        family: "MI300X",
+        spellings: &[&["MI300X"]],
+        usd_per_hour: 6.0,
+        source: "Azure ND MI300X v5 about $6/GPU-h as reported by a third-party note \
+                 (cliffcenter.com, 2026-05-18); Azure's own price page not read",
+        as_of: AMD_INTEL_READ,
+    },
+    BuiltinRate {
+        family: "MI250X/MI250",
+        spellings: &[&["MI250X"], &["MI250"]],
+        usd_per_hour: 5.1207,
+        source: "stand-in: the A100 80GB rate (p4de.24xlarge $40.96575/h ÷ 8); \
+                 no AWS, GCP or Azure instance carries it",
+        as_of: AMD_INTEL_READ,
+    },
+    BuiltinRate {
+        family: "MI210",
+        spellings: &[&["MI210"]],
+        usd_per_hour: 4.0966,
+        source: "stand-in: the A100 rate (p4d.24xlarge $32.7726/h ÷ 8); \
+                 no AWS, GCP or Azure instance carries it",
+        as_of: AMD_INTEL_READ,
+    },
+    BuiltinRate {
+        family: "MI100",
+        spellings: &[&["MI100"]],
+        usd_per_hour: 3.06,
+        source: "stand-in: the V100 rate (p3.2xlarge $3.06/h); \
+                 no AWS, GCP or Azure instance carries it",
+        as_of: AMD_INTEL_READ,
+    },
+    // Intel Gaudi: hl-smi prints the module (`HL-225`, `HL-325L`), other tools the product name.
+    BuiltinRate {
+        family: "Gaudi 3",
+        spellings: &[&["HL-325"], &["HL-325L"], &["Gaudi3"], &["Gaudi 3"]],
+        usd_per_hour: 8.1933,
+        source: "derived: the H100 rate $12.29 × 2/3, Intel's Computex 2024 ratio of an 8 × \
+                 Gaudi 3 kit ($125,000 list) to a comparable H100 platform; no AWS, GCP or \
+                 Azure instance carries it",
+        as_of: AMD_INTEL_READ,
+    },
+    BuiltinRate {
+        family: "Gaudi 2",
+        spellings: &[&["HL-225"], &["HL-225B"], &["Gaudi2"], &["Gaudi 2"]],
+        usd_per_hour: 4.0967,
+        source: "derived: the H100 rate $12.29 × 1/3, Intel's Computex 2024 ratio of an 8 × \
+                 Gaudi 2 kit ($65,000 list) to comparable platforms; no AWS, GCP or Azure \
+                 instance carries it",
+        as_of: AMD_INTEL_READ,
+    },
+    BuiltinRate {
+        family: "Gaudi",
+        spellings: &[&["HL-205"], &["Gaudi1"], &["Gaudi 1"]],
+        usd_per_hour: 1.63863,
+        source: "dl1.24xlarge $13.10904/h ÷ 8, AWS us-east-1 on-demand (SkyPilot catalog v7)",
+        as_of: AMD_INTEL_READ,
     },
 ];
 
@@ -103,12 +193,20 @@ fn tokens(model: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `word` (one token or several, `HL-225`) is in `toks` as consecutive tokens.
+fn holds(toks: &[String], word: &str) -> bool {
+    let word = tokens(word);
+    !word.is_empty() && toks.windows(word.len()).any(|w| w == word.as_slice())
+}
+
 /// The built-in family a model name belongs to, if any.
 pub fn family_of(model: &str) -> Option<&'static BuiltinRate> {
     let toks = tokens(model);
-    BUILTIN_RATES
-        .iter()
-        .find(|r| r.tokens.iter().all(|t| toks.iter().any(|m| m == t)))
+    BUILTIN_RATES.iter().find(|r| {
+        r.spellings
+            .iter()
+            .any(|words| words.iter().all(|w| holds(&toks, w)))
+    })
 }
 
 /// What a GPU's rate depends on.
@@ -397,7 +495,7 @@ impl RateTable {
                         instance_usd_per_hour: c.usd_per_hour,
                         gpus: c.gpus,
                         source: c.source.to_string(),
-                        as_of: crate::catalog::CATALOG_AS_OF.to_string(),
+                        as_of: c.as_of.to_string(),
                     },
                 };
             }
@@ -513,10 +611,216 @@ mod tests {
             ("NVIDIA L4", Some("L4")),
             ("NVIDIA A10G", Some("A10G")),
             ("Tesla T4", Some("T4")),
+            ("Tesla V100-SXM2-16GB", Some("V100")),
             ("NVIDIA RTX 4000 SFF Ada Generation", None),
+            // amd-smi market names, rocm-smi card series, other spellings
+            ("AMD Instinct MI300X", Some("MI300X")),
+            ("MI250X/MI250", Some("MI250X/MI250")),
+            ("AMD Instinct MI250X", Some("MI250X/MI250")),
+            ("AMD Instinct MI250", Some("MI250X/MI250")),
+            ("AMD Instinct MI210", Some("MI210")),
+            ("Arcturus GL-XL [Instinct MI100]", Some("MI100")),
+            ("Radeon Instinct MI50 32GB", None),
+            ("AMD Instinct MI300A", None),
+            ("AMD Instinct MI325X", None),
+            // hl-smi module names and product spellings
+            ("HL-225", Some("Gaudi 2")),
+            ("HL-225B", Some("Gaudi 2")),
+            ("Intel Gaudi2", Some("Gaudi 2")),
+            ("Intel Gaudi 2", Some("Gaudi 2")),
+            ("Gaudi-2", Some("Gaudi 2")),
+            ("HL-325", Some("Gaudi 3")),
+            ("HL-325L", Some("Gaudi 3")),
+            ("Intel Gaudi 3 AI Accelerator", Some("Gaudi 3")),
+            ("Gaudi3", Some("Gaudi 3")),
+            ("Gaudi HL-205", Some("Gaudi")),
+            ("HL-205", Some("Gaudi")),
+            // a plain "Gaudi" names no generation
+            ("Habana Gaudi", None),
         ];
         for (model, want) in cases {
             assert_eq!(family_of(model).map(|f| f.family), want, "{model}");
+        }
+    }
+
+    /// Model tokens match whole tokens, and a module name only as its consecutive tokens: no
+    /// family reaches into a longer number, and no AMD or Intel spelling into an NVIDIA name.
+    #[test]
+    fn families_match_whole_tokens_only() {
+        for model in [
+            "MI2500",
+            "AMD Instinct MI2500X",
+            "MI2100",
+            "MI1000",
+            "MI300XL",
+            "HL-2250",
+            "HL-3250",
+            "HL 22 5",
+            "225 HL",
+            "Gaudi 22",
+            "Gaudi 30",
+            "Gaudi20",
+        ] {
+            assert_eq!(family_of(model).map(|f| f.family), None, "{model}");
+        }
+        let amd_intel = |f: &str| f.starts_with("MI") || f.starts_with("Gaudi");
+        for model in [
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA H200 NVL",
+            "NVIDIA L40S",
+            "NVIDIA GeForce RTX 2250",
+            "Quadro RTX 8000 225W",
+            "NVIDIA A10G",
+        ] {
+            let fam = family_of(model).map(|f| f.family);
+            assert!(!fam.is_some_and(amd_intel), "{model} → {fam:?}");
+        }
+    }
+
+    /// Every accelerator name the corpus's rocm-smi outputs (`Card series` / `Card Series`) and
+    /// hl-smi tables (the device column) print finds the family it should, and no other.
+    #[test]
+    fn corpus_amd_and_gaudi_names_find_their_family() {
+        let (Some(amd), Some(gaudi)) = (
+            crate::catalog::corpus_dir("amd"),
+            crate::catalog::corpus_dir("gaudi"),
+        ) else {
+            return;
+        };
+        let files = |dir: &std::path::Path, ext: &[&str]| {
+            let mut v: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| ext.iter().any(|x| e == *x)))
+                .collect();
+            v.sort();
+            v
+        };
+        let mut seen = BTreeMap::new();
+        for path in files(&amd, &["json"]) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for card in json.as_object().unwrap().values() {
+                for key in ["Card series", "Card Series"] {
+                    if let Some(name) = card.get(key).and_then(|v| v.as_str()) {
+                        seen.insert(name.to_string(), path.clone());
+                    }
+                }
+            }
+        }
+        for path in files(&gaudi, &["txt", "log"]) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines() {
+                // `|   0  HL-225   N/A  | …`, after any log prefix
+                let Some((_, rest)) = line.split_once('|') else {
+                    continue;
+                };
+                let cell = rest.split('|').next().unwrap_or_default();
+                let words: Vec<&str> = cell.split_whitespace().collect();
+                if let [index, name, ..] = words[..] {
+                    if index.chars().all(|c| c.is_ascii_digit()) && name.starts_with("HL-") {
+                        seen.insert(name.to_string(), path.clone());
+                    }
+                }
+            }
+        }
+        let want: BTreeMap<&str, Option<&str>> = [
+            ("Arcturus GL-XL [Instinct MI100]", Some("MI100")),
+            ("Radeon Instinct MI50 32GB", None),
+            ("Navi 22 [Radeon RX 6700/6700 XT / 6800M]", None),
+            ("Navi 32 [Radeon RX 7700 XT / 7800 XT]", None),
+            ("DCU xxxx", None),
+            ("HL-225", Some("Gaudi 2")),
+            ("HL-325", Some("Gaudi 3")),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            seen.keys().map(String::as_str).collect::<Vec<_>>(),
+            want.keys().copied().collect::<Vec<_>>(),
+            "the corpus prints names this test does not know: add them to `want`"
+        );
+        for (name, path) in &seen {
+            assert_eq!(
+                family_of(name).map(|f| f.family),
+                want[name.as_str()],
+                "{name} ({})",
+                path.display()
+            );
+        }
+    }
+
+    /// Gaudi and Instinct GPUs are priced like any other: by catalog on a cataloged instance, by
+    /// an override or on-prem rule keyed by their family, else by the family's built-in rate.
+    #[test]
+    fn gaudi_and_instinct_gpus_are_priced_by_family() {
+        let mut t = RateTable::default();
+        let hl225 = RateFacts {
+            model: "HL-225",
+            host: Some("gaudi-1"),
+            ..Default::default()
+        };
+        let r = t.rate_for(&hl225);
+        assert_eq!(r.usd_per_hour, Some(4.0967));
+        assert!(
+            matches!(&r.origin, RateOrigin::BuiltinModel { family, source }
+                if family == "Gaudi 2" && source.starts_with("derived: the H100 rate")),
+            "{r:?}"
+        );
+        let dl1 = RateFacts {
+            model: "HL-205",
+            cloud: Some("aws"),
+            instance_type: Some("dl1.24xlarge"),
+            ..Default::default()
+        };
+        let r = t.rate_for(&dl1);
+        assert_eq!(r.usd_per_hour, Some(1.63863));
+        assert!(
+            matches!(&r.origin, RateOrigin::InstanceCatalog { as_of, gpus, .. }
+                if as_of == "2026-12-04" && *gpus == 8.0),
+            "{r:?}"
+        );
+        t.overrides.insert("MI250X/MI250".into(), 2.0);
+        assert_eq!(
+            t.rate_for(&RateFacts::model("AMD Instinct MI250"))
+                .usd_per_hour,
+            Some(2.0)
+        );
+        t.onprem.push(OnPremRate {
+            model: "Gaudi 2".into(),
+            hosts: Some("gaudi-*".into()),
+            purchase_usd: 8125.0,
+            life_years: 5.0,
+            watts: 600.0,
+            usd_per_kwh: 0.1,
+            pue: 1.5,
+        });
+        let r = t.rate_for(&hl225);
+        assert!(
+            matches!(&r.origin, RateOrigin::OnPrem { key, .. } if key == "Gaudi 2 on gaudi-*"),
+            "{r:?}"
+        );
+        let mi300x = t.rate_for(&RateFacts::model("AMD Instinct MI300X"));
+        assert_eq!(mi300x.usd_per_hour, Some(6.0));
+    }
+
+    #[test]
+    fn built_in_rows_are_well_formed() {
+        let mut families = std::collections::BTreeSet::new();
+        for r in BUILTIN_RATES {
+            assert!(families.insert(r.family), "{} twice", r.family);
+            assert!(r.usd_per_hour > 0.0 && !r.source.is_empty(), "{r:?}");
+            assert!(!r.spellings.is_empty(), "{r:?}");
+            assert!(
+                r.spellings.iter().all(|s| !s.is_empty()),
+                "{}: an empty spelling matches every name",
+                r.family
+            );
+            assert!(
+                chrono::NaiveDate::parse_from_str(r.as_of, "%Y-%m-%d").is_ok(),
+                "{r:?}"
+            );
         }
     }
 
