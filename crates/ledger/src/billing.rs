@@ -562,6 +562,7 @@ mod tests {
             cloud: Some("aws".into()),
             cluster: None,
             model: "NVIDIA A100-SXM4-40GB".into(),
+            vendor: Some("nvidia".into()),
             usd_per_hour: rate,
             present_hours: hours,
             busy_hours: 0,

@@ -9,7 +9,7 @@ use std::io::Read;
 
 use chrono::{DateTime, Utc};
 use flate2::read::GzDecoder;
-use gpuledger_model::{PushAllocation, PushGpu, PushSample, DAY_SECS};
+use gpuledger_model::{PushAllocation, PushGpu, PushSample, Vendor, DAY_SECS};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -409,7 +409,8 @@ fn clean_serde_message(err: &serde_json::Error) -> String {
 }
 
 /// Why a GPU UUID is not acceptable, if it is not. Accepts NVIDIA's `GPU-…` and `MIG-…` forms
-/// (including the older `MIG-GPU-…/gi/ci` form).
+/// (including the older `MIG-GPU-…/gi/ci` form) and the other vendors' identities of
+/// `gpuledger_model::accel` (`AMD-…`, `HL-…`, `ACC-…`).
 pub fn uuid_problem(uuid: &str) -> Option<String> {
     if uuid.is_empty() {
         return Some("must not be empty".into());
@@ -420,21 +421,48 @@ pub fn uuid_problem(uuid: &str) -> Option<String> {
             uuid.len()
         ));
     }
-    if !(uuid.starts_with("GPU-") || uuid.starts_with("MIG-")) {
+    let Some(vendor) = Vendor::of_uuid(uuid) else {
         return Some(format!(
-            "must be an NVIDIA UUID starting with `GPU-` or `MIG-` (as nvidia-smi -L prints), got `{}`",
+            "must be a GPU identity: an NVIDIA UUID starting with `GPU-` or `MIG-` (as nvidia-smi -L \
+             prints), or `AMD-…`, `HL-…` (Intel Gaudi) or `ACC-…` (any other accelerator) as the \
+             push API describes; got `{}`",
             echo(uuid)
         ));
-    }
+    };
+    // NVIDIA UUIDs are hex and dashes (`/` in the old MIG form); the other vendors' identities
+    // also carry serials and PCI addresses.
+    let extra: &[char] = match vendor {
+        Vendor::Nvidia => &['-', '/'],
+        _ => &['-', '/', '.', ':', '_'],
+    };
     if let Some(bad) = uuid
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '/'))
+        .find(|c| !(c.is_ascii_alphanumeric() || extra.contains(c)))
     {
+        let allowed = match vendor {
+            Vendor::Nvidia => "only letters, digits, `-` and `/` are allowed",
+            _ => "only letters, digits, `-`, `/`, `.`, `:` and `_` are allowed",
+        };
+        return Some(format!("contains `{bad}`; {allowed}"));
+    }
+    let rest = uuid.split_once('-').map_or("", |(_, r)| r);
+    if vendor != Vendor::Nvidia && rest.is_empty() {
         return Some(format!(
-            "contains `{bad}`; only letters, digits, `-` and `/` are allowed"
+            "has nothing after its `{}` prefix",
+            echo(&uuid[..uuid.len().min(8)])
         ));
     }
     None
+}
+
+/// Whether `uuid` names a child of a GPU (a MIG instance `MIG-…`, an AMD partition
+/// `<gpu>/P<n>`) rather than a physical device.
+pub fn is_child_uuid(uuid: &str) -> bool {
+    match Vendor::of_uuid(uuid) {
+        Some(Vendor::Nvidia) => uuid.starts_with("MIG-"),
+        Some(_) => uuid.contains('/'),
+        None => false,
+    }
 }
 
 fn text(path: &str, field: &str, value: Option<&str>) -> Result<(), Rejection> {
@@ -549,10 +577,18 @@ fn check_gpu(path: &str, g: &PushGpu, bounds: &TimeBounds) -> Result<(), Rejecti
             if let Some(p) = uuid_problem(parent) {
                 return Err(Rejection::new(format!("{path}.mig_parent_uuid"), p));
             }
-            if !parent.starts_with("GPU-") {
+            if is_child_uuid(parent) {
                 return Err(Rejection::new(
                     format!("{path}.mig_parent_uuid"),
-                    "must be the physical GPU's `GPU-…` UUID",
+                    "must be the physical GPU's identity (`GPU-…`, `AMD-…`, `HL-…`, `ACC-…`), \
+                     not an instance's or partition's",
+                ));
+            }
+            if Vendor::of_uuid(parent) != Vendor::of_uuid(&g.uuid) {
+                return Err(Rejection::new(
+                    format!("{path}.mig_parent_uuid"),
+                    "must be of the same vendor as `uuid`: an instance or partition belongs \
+                     to its own vendor's GPU",
                 ));
             }
             if parent == &g.uuid {
@@ -563,10 +599,11 @@ fn check_gpu(path: &str, g: &PushGpu, bounds: &TimeBounds) -> Result<(), Rejecti
             }
         }
         None => {
-            if g.uuid.starts_with("MIG-") {
+            if is_child_uuid(&g.uuid) {
                 return Err(Rejection::new(
                     format!("{path}.mig_parent_uuid"),
-                    "is required for a MIG instance (`MIG-…` UUID): give the physical GPU's UUID",
+                    "is required for a MIG instance (`MIG-…` UUID) or a partition \
+                     (`…/P<n>`): give the physical GPU's identity",
                 ));
             }
             if g.mig_profile.is_some() {
@@ -768,6 +805,52 @@ mod tests {
                 "gpus[3].cloud"
             ]
         );
+    }
+
+    #[test]
+    fn other_vendors_identities_are_accepted_and_checked() {
+        let v = validate(
+            r#"{"gpus":[
+              {"uuid":"AMD-SN-692024000810","model":"AMD Instinct MI300X","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"AMD-SN-692024000810/P1","model":"AMD Instinct MI300X","mig_parent_uuid":"AMD-SN-692024000810","mig_profile":"CPX","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"HL-PCI-gaudi-1.example-0000:9a:00.0","model":"HL-225","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"ACC-tpu_v5e-3","model":"TPU v5e","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"AMD-","model":"MI300X","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"AMD-SN-1 2","model":"MI300X","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"AMD-SN-1/P0","model":"MI300X","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"AMD-SN-1/P0","model":"MI300X","mig_parent_uuid":"GPU-1","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"HL-SN-2/P0","model":"HL-225","mig_parent_uuid":"HL-SN-2/P1","observed_at":"2026-12-02T10:00:00Z"},
+              {"uuid":"GPU-5","model":"A100","observed_at":"2026-12-02T10:00:00Z"}],
+             "samples":[{"gpu_uuid":"HL-PCI-gaudi-1.example-0000:9a:00.0","ts":"2026-12-02T10:00:00Z","util_pct":0}]}"#,
+        );
+        let kept: Vec<&str> = v.gpus.iter().map(|g| g.1.uuid.as_str()).collect();
+        assert_eq!(
+            kept,
+            [
+                "AMD-SN-692024000810",
+                "AMD-SN-692024000810/P1",
+                "HL-PCI-gaudi-1.example-0000:9a:00.0",
+                "ACC-tpu_v5e-3",
+                "GPU-5"
+            ]
+        );
+        assert_eq!(v.samples.len(), 1);
+        let why: Vec<(&str, &str)> = v
+            .rejections
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason.as_str()))
+            .collect();
+        assert_eq!(why.len(), 5, "{why:?}");
+        assert_eq!(why[0].0, "gpus[4].uuid");
+        assert!(why[0].1.contains("nothing after"), "{}", why[0].1);
+        assert_eq!(why[1].0, "gpus[5].uuid");
+        assert!(why[1].1.contains("contains ` `"), "{}", why[1].1);
+        assert_eq!(why[2].0, "gpus[6].mig_parent_uuid");
+        assert!(why[2].1.contains("partition"), "{}", why[2].1);
+        assert_eq!(why[3].0, "gpus[7].mig_parent_uuid");
+        assert!(why[3].1.contains("same vendor"), "{}", why[3].1);
+        assert_eq!(why[4].0, "gpus[8].mig_parent_uuid");
+        assert!(why[4].1.contains("physical GPU"), "{}", why[4].1);
     }
 
     #[test]

@@ -47,6 +47,16 @@ pub struct GpuRecord {
 }
 
 impl GpuRecord {
+    /// Who made it: from its identity's prefix (`gpuledger_model::accel`), else (a
+    /// placeholder of a count source) the `vendor` label that source gave; `None` when unknown.
+    pub fn vendor(&self) -> Option<gpuledger_model::Vendor> {
+        gpuledger_model::Vendor::of_uuid(&self.uuid).or_else(|| {
+            self.labels
+                .get("vendor")
+                .and_then(|v| gpuledger_model::Vendor::parse(v))
+        })
+    }
+
     /// The current value of an attribute, by its `seen` key.
     fn attr_value(&self, key: &str) -> Option<String> {
         match key {

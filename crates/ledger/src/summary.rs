@@ -18,10 +18,11 @@ pub enum GroupBy {
     Cloud,
     Cluster,
     Model,
+    Vendor,
 }
 
 impl GroupBy {
-    pub const NAMES: [&'static str; 5] = ["team", "env", "cloud", "cluster", "model"];
+    pub const NAMES: [&'static str; 6] = ["team", "env", "cloud", "cluster", "model", "vendor"];
 
     pub fn parse(s: &str) -> Option<GroupBy> {
         Some(match s {
@@ -30,6 +31,7 @@ impl GroupBy {
             "cloud" => GroupBy::Cloud,
             "cluster" => GroupBy::Cluster,
             "model" => GroupBy::Model,
+            "vendor" => GroupBy::Vendor,
             _ => return None,
         })
     }
@@ -41,6 +43,7 @@ impl GroupBy {
             GroupBy::Cloud => "cloud",
             GroupBy::Cluster => "cluster",
             GroupBy::Model => "model",
+            GroupBy::Vendor => "vendor",
         }
     }
 }
@@ -58,6 +61,8 @@ pub struct GpuWindow {
     pub cloud: Option<String>,
     pub cluster: Option<String>,
     pub model: String,
+    /// `nvidia`, `amd`, `intel`, `other`; `None` when unknown.
+    pub vendor: Option<String>,
     pub usd_per_hour: Option<f64>,
     pub present_hours: i64,
     pub busy_hours: i64,
@@ -136,6 +141,7 @@ impl GpuWindow {
             GroupBy::Cloud => self.cloud.as_deref(),
             GroupBy::Cluster => self.cluster.as_deref(),
             GroupBy::Model => Some(self.model.as_str()),
+            GroupBy::Vendor => self.vendor.as_deref(),
         };
         v.unwrap_or(UNKNOWN).to_string()
     }
@@ -168,6 +174,30 @@ pub fn gpu_figures(
         cost_usd: w.cost_usd().map(|c| round(c, 2)),
         idle_cost_usd: w.idle_cost_usd().map(|c| round(c, 2)),
         allocated_idle_cost_usd: w.allocated_idle_cost_usd().map(|c| round(c, 2)),
+    }
+}
+
+/// What a GPU's activity measures, by vendor (`docs/definitions.md`, "activity per vendor"):
+/// the text the GPU page shows beside its activity.
+pub fn activity_basis(vendor: Option<gpuledger_model::Vendor>) -> &'static str {
+    use gpuledger_model::Vendor;
+    match vendor {
+        Some(Vendor::Nvidia) => {
+            "SM activity (DCGM SM_ACTIVE) where a source gives it, else utilization.gpu: \
+             the share of time a kernel ran"
+        }
+        Some(Vendor::Amd) => {
+            "GFX activity (rocm-smi GPU use, amd-smi gfx_activity, exporter gpu_gfx_activity): \
+             the share of time the engine was busy, like NVIDIA's utilization.gpu, not SM activity"
+        }
+        Some(Vendor::Intel) => {
+            "AIP utilization (hl-smi AIP-Util): the share of time the Gaudi was busy, like \
+             NVIDIA's utilization.gpu"
+        }
+        Some(Vendor::Other) | None => {
+            "the util_pct (busy-time percentage) or sm_active its sources send; which one \
+             depends on the sender"
+        }
     }
 }
 
@@ -340,6 +370,7 @@ mod tests {
             team: team.into(),
             env: "prod".into(),
             model: "m".into(),
+            vendor: None,
             usd_per_hour: rate,
             present_hours: present,
             busy_hours: busy,

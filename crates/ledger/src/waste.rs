@@ -394,6 +394,7 @@ mod tests {
 
     fn gpu(first_days_ago: i64, rate: Option<f64>) -> GpuView {
         GpuView {
+            vendor: None,
             uuid: "GPU-1".into(),
             model: "NVIDIA A100-SXM4-80GB".into(),
             memory_mib: None,

@@ -3,10 +3,12 @@
 //! Units live in names (`_mib`, `_pct`, `_usd_per_hour`, `_secs`). Times are UTC. Values that a
 //! source did not give are `None` ("unknown"), never 0.
 
+pub mod accel;
 pub mod observation;
 pub mod push;
 pub mod view;
 
+pub use accel::Vendor;
 pub use observation::{HostGpus, Observation, Provenance};
 pub use push::{
     AllocationKind, Cloud, PushAllocation, PushBody, PushGpu, PushSample, WorkloadContext,

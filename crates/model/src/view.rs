@@ -142,6 +142,10 @@ impl GpuState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {
     pub uuid: String,
+    /// `nvidia`, `amd`, `intel` or `other` (see `accel`); `None` when unknown (a placeholder
+    /// whose source did not say).
+    #[serde(default)]
+    pub vendor: Option<crate::Vendor>,
     pub model: String,
     pub memory_mib: Option<u64>,
     pub host: Option<String>,

@@ -139,6 +139,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "host_instances",
         include_str!("../migrations/sqlite/0010_host_instances.sql"),
     ),
+    (
+        11,
+        "vendor",
+        include_str!("../migrations/sqlite/0011_vendor.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -190,6 +195,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         10,
         "host_instances",
         include_str!("../migrations/postgres/0010_host_instances.sql"),
+    ),
+    (
+        11,
+        "vendor",
+        include_str!("../migrations/postgres/0011_vendor.sql"),
     ),
 ];
 

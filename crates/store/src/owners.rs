@@ -89,9 +89,9 @@ impl Store {
             "INSERT INTO gpus (uuid, model, memory_mib, host, cluster, cloud, region, instance_type, \
              serial, pci_bus_id, mig_parent_uuid, mig_profile, labels, source, placeholder, \
              first_seen, last_seen, team, env, owner_reason, usd_per_hour, rate_origin, attr_seen, \
-             account, holders) \
+             account, holders, vendor) \
              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23, \
-             $24,$25) \
+             $24,$25,$26) \
              ON CONFLICT (uuid) DO UPDATE SET model = excluded.model, memory_mib = excluded.memory_mib, \
              host = excluded.host, cluster = excluded.cluster, cloud = excluded.cloud, \
              region = excluded.region, instance_type = excluded.instance_type, serial = excluded.serial, \
@@ -101,7 +101,8 @@ impl Store {
              last_seen = excluded.last_seen, team = excluded.team, env = excluded.env, \
              owner_reason = excluded.owner_reason, usd_per_hour = excluded.usd_per_hour, \
              rate_origin = excluded.rate_origin, attr_seen = excluded.attr_seen, \
-             account = excluded.account, holders = excluded.holders RETURNING id",
+             account = excluded.account, holders = excluded.holders, vendor = excluded.vendor \
+             RETURNING id",
         ))
         .bind(r.uuid.clone())
         .bind(r.model.clone())
@@ -128,6 +129,7 @@ impl Store {
         .bind(seen)
         .bind(r.account.clone())
         .bind(holders)
+        .bind(r.vendor().map(|v| v.as_str().to_string()))
         .fetch_one(&mut **tx)
         .await?;
         if let Some(at) = owner_at {

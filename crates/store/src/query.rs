@@ -26,12 +26,13 @@ pub struct Filters {
     pub cloud: Vec<String>,
     pub cluster: Vec<String>,
     pub model: Vec<String>,
+    pub vendor: Vec<String>,
 }
 
 impl Filters {
     /// The filter keys, in the order every page shows them: the one list the query string,
     /// the filter bar, links and SQL use. They are also what a summary can group by.
-    pub const KEYS: [&'static str; 5] = GroupBy::NAMES;
+    pub const KEYS: [&'static str; 6] = GroupBy::NAMES;
 
     /// The values of filter `key` (one of [`Filters::KEYS`]).
     pub fn values(&self, key: &str) -> &[String] {
@@ -41,6 +42,7 @@ impl Filters {
             "cloud" => &self.cloud,
             "cluster" => &self.cluster,
             "model" => &self.model,
+            "vendor" => &self.vendor,
             _ => &[],
         }
     }
@@ -53,6 +55,7 @@ impl Filters {
             "cloud" => &mut self.cloud,
             "cluster" => &mut self.cluster,
             "model" => &mut self.model,
+            "vendor" => &mut self.vendor,
             _ => return None,
         })
     }
@@ -146,6 +149,7 @@ impl Store {
             GpuState::Missing
         };
         GpuView {
+            vendor: rec.vendor(),
             uuid: rec.uuid,
             model: rec.model,
             memory_mib: rec.memory_mib,
@@ -188,7 +192,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT {} FROM gpus g WHERE 1 = 1{mig}{clause} \
-             ORDER BY g.host, g.mig_parent_uuid, g.pci_bus_id, g.uuid",
+             ORDER BY g.host, g.mig_parent_uuid IS NOT NULL, g.mig_parent_uuid, g.pci_bus_id, g.uuid",
             GPU_COLUMNS.replace(", ", ", g.").replacen("id", "g.id", 1)
         );
         let sql = self.sql(&sql);
@@ -402,7 +406,7 @@ impl Store {
         // per (GPU, period).
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, \
+             SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, g.vendor, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
              x.b_hours, x.b_usd \
              FROM (\
@@ -435,6 +439,7 @@ impl Store {
                     cloud: r.try_get("cloud")?,
                     cluster: r.try_get("cluster")?,
                     model: r.try_get("model")?,
+                    vendor: r.try_get("vendor")?,
                     usd_per_hour: r.try_get("usd_per_hour")?,
                     present_hours: r.try_get("present")?,
                     busy_hours: known - idle,

@@ -155,6 +155,7 @@ both!(
     one_cloud_instance_is_one_host_whichever_source_names_it,
     a_stopped_instance_stops_counting_when_the_cloud_says,
     an_authoritative_sheet_ends_what_it_no_longer_lists,
+    a_mixed_vendor_fleet_is_one_ledger,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -3406,4 +3407,91 @@ async fn an_authoritative_sheet_ends_what_it_no_longer_lists(store: Store) {
         .await
         .unwrap();
     assert_eq!(again, 0);
+}
+
+/// NVIDIA, AMD (a GPU and one of its compute partitions) and Gaudi on one host, plus an AMD
+/// placeholder from a count source that named its vendor: every vendor is counted by the same
+/// figures, the summary groups by vendor, the vendor filter selects, and a partition is never
+/// counted as a GPU (as a MIG instance is not).
+async fn a_mixed_vendor_fleet_is_one_ledger(store: Store) {
+    let body = r#"{
+      "gpus": [
+        {"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "model": "NVIDIA H100 80GB HBM3",
+         "host": "mixed-1", "labels": {"team": "nlp"}, "observed_at": "2026-12-01T00:00:00Z"},
+        {"uuid": "AMD-SN-692024000810", "model": "AMD Instinct MI300X", "memory_mib": 196592,
+         "host": "mixed-1", "serial": "692024000810", "pci_bus_id": "0000:63:00.0",
+         "labels": {"team": "nlp"}, "observed_at": "2026-12-01T00:00:00Z"},
+        {"uuid": "AMD-SN-692024000810/P1", "model": "AMD Instinct MI300X", "host": "mixed-1",
+         "mig_parent_uuid": "AMD-SN-692024000810", "mig_profile": "CPX",
+         "labels": {"team": "nlp"}, "observed_at": "2026-12-01T00:00:00Z"},
+        {"uuid": "HL-PCI-mixed-1-0000:9a:00.0", "model": "HL-225", "memory_mib": 98304,
+         "host": "mixed-1", "pci_bus_id": "0000:9a:00.0", "labels": {"team": "vision"},
+         "observed_at": "2026-12-01T00:00:00Z"}
+      ],
+      "samples": [
+        {"gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001", "ts": "2026-12-01T00:10:00Z", "util_pct": 50},
+        {"gpu_uuid": "AMD-SN-692024000810", "ts": "2026-12-01T00:10:00Z", "util_pct": 2},
+        {"gpu_uuid": "HL-PCI-mixed-1-0000:9a:00.0", "ts": "2026-12-01T00:10:00Z", "mem_used_mib": 768}
+      ]
+    }"#;
+    let out = push(&store, &who("mixed", None), body).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    store
+        .observe_host_gpu_count(
+            &who("k8s", None),
+            &HostGpus {
+                host: "amd-node".into(),
+                count: 1,
+                labels: [("vendor".to_string(), "amd".to_string())].into(),
+                ..Default::default()
+            },
+            t("2026-12-01T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Vendor, now())
+        .await
+        .unwrap();
+    let keys: Vec<&str> = s.groups.iter().map(|g| g.key.as_str()).collect();
+    assert_eq!(s.total.gpus, 4, "{keys:?}");
+    // Each pushed GPU is present 00:00-02:59 (its sample at 00:10 plus the 2 h stale window);
+    // the placeholder 00:00-01:59 (its count at 00:00 plus the stale window).
+    assert_eq!(group(&s.groups, "nvidia").gpu_hours, 3);
+    assert_eq!(group(&s.groups, "nvidia").busy_hours, 1);
+    let amd = group(&s.groups, "amd");
+    assert_eq!((amd.gpus, amd.gpu_hours, amd.idle_hours), (2, 5, 1));
+    let intel = group(&s.groups, "intel");
+    // Gaudi's only sample has no activity: unknown, never idle.
+    assert_eq!(
+        (intel.gpus, intel.idle_hours, intel.unknown_hours),
+        (1, 0, 3)
+    );
+
+    let amd_only = Filters {
+        vendor: vec!["amd".into()],
+        ..Default::default()
+    };
+    let gpus = store.list_gpus(&amd_only, true, now()).await.unwrap();
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(
+        uuids,
+        [
+            "placeholder:amd-node:0",
+            "AMD-SN-692024000810",
+            "AMD-SN-692024000810/P1"
+        ]
+    );
+    assert!(gpus
+        .iter()
+        .all(|g| g.vendor == Some(gpuledger_model::Vendor::Amd)));
+    let s = store
+        .summary(day(), &amd_only, GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(s.total.gpus, 2);
+    assert_eq!(
+        store.distinct("vendor").await.unwrap(),
+        ["amd", "intel", "nvidia"]
+    );
 }

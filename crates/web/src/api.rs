@@ -30,7 +30,7 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
-const GPU_CSV_HEADER: [&str; 21] = [
+const GPU_CSV_HEADER: [&str; 22] = [
     "uuid",
     "model",
     "memory_mib",
@@ -52,6 +52,7 @@ const GPU_CSV_HEADER: [&str; 21] = [
     "mig_profile",
     "placeholder",
     "source",
+    "vendor",
 ];
 
 fn gpu_csv_row(g: &GpuView) -> Vec<String> {
@@ -77,6 +78,7 @@ fn gpu_csv_row(g: &GpuView) -> Vec<String> {
         opt(&g.mig_profile),
         g.placeholder.to_string(),
         g.source.clone(),
+        g.vendor.map(|v| v.as_str().to_string()).unwrap_or_default(),
     ]
 }
 

@@ -168,7 +168,19 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
     };
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
     let mut attrs = vec![
+        (
+            "Vendor".to_string(),
+            g.vendor
+                .map(|v| v.as_str().to_string())
+                .unwrap_or_else(|| "unknown".into()),
+            String::new(),
+        ),
         ("Model".to_string(), g.model.clone(), said_by("model")),
+        (
+            "Activity measures".to_string(),
+            gpuledger_ledger::summary::activity_basis(g.vendor).to_string(),
+            "definitions: activity per vendor".to_string(),
+        ),
         (
             "Memory".into(),
             g.memory_mib
