@@ -27,7 +27,7 @@ use crate::demo;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// GPUs in the fleet (rounded up to whole copies of the 408-GPU demo fleet).
+    /// GPUs in the fleet (rounded up to whole copies of the 450-GPU demo fleet).
     #[arg(long, default_value_t = 2000)]
     gpus: u32,
     /// Days of history.
@@ -65,7 +65,7 @@ pub struct BenchArgs {
 }
 
 /// GPUs in one copy of the demo fleet.
-const DEMO_GPUS: u32 = 408;
+const DEMO_GPUS: u32 = 450;
 
 /// The gauge of the OpenMetrics file and of the PromQL questions.
 const METRIC: &str = "gpu_activity_percent";

@@ -106,6 +106,8 @@ impl Host {
                 c.slurm_partition = Some(
                     if self.model.contains("H200") {
                         "h200"
+                    } else if self.model.starts_with("HL-") {
+                        "gaudi"
                     } else {
                         "a100"
                     }
@@ -117,8 +119,41 @@ impl Host {
         c
     }
 
+    /// Who made the host's accelerators, by model name.
+    pub fn vendor(&self) -> gpuledger_model::Vendor {
+        if self.model.starts_with("AMD") {
+            gpuledger_model::Vendor::Amd
+        } else if self.model.starts_with("HL-") {
+            gpuledger_model::Vendor::Intel
+        } else {
+            gpuledger_model::Vendor::Nvidia
+        }
+    }
+
+    /// A GPU's board serial.
+    pub fn serial(&self, gpu: u32) -> String {
+        format!(
+            "{:013}",
+            mix(self.index * 97 + gpu as u64) % 10_000_000_000_000
+        )
+    }
+
+    /// A GPU's identity: an NVIDIA UUID, or another vendor's from its serial, as the agent and
+    /// the exporters name it (`gpuledger_model::accel`).
     pub fn uuid(&self, gpu: u32) -> String {
-        uuid_from("GPU", mix(self.index * 1000 + gpu as u64 + 7), 0x5bd1e995)
+        let serial = self.serial(gpu);
+        let named = match self.vendor() {
+            gpuledger_model::Vendor::Amd => {
+                gpuledger_model::accel::amd_uuid(Some(&serial), None, None, None, None)
+            }
+            gpuledger_model::Vendor::Intel => {
+                gpuledger_model::accel::gaudi_uuid(Some(&serial), None, None, None)
+            }
+            _ => None,
+        };
+        named.unwrap_or_else(|| {
+            uuid_from("GPU", mix(self.index * 1000 + gpu as u64 + 7), 0x5bd1e995)
+        })
     }
 
     pub fn mig_uuid(&self, gpu: u32, instance: u32) -> String {
@@ -449,6 +484,60 @@ const GROUPS: &[Group] = &[
         prefix: "lab-ws",
         kind: AllocationKind::Process,
     },
+    // Other vendors, after the NVIDIA groups so those keep their hosts and history: AMD
+    // Instinct on Azure and on a lab workstation, Intel Gaudi on AWS and on-prem under Slurm.
+    Group {
+        cluster: "az-eastus-aks",
+        cloud: Cloud::Azure,
+        region: "eastus",
+        source: "azure-aks",
+        instance_type: "Standard_ND96isr_MI300X_v5",
+        model: "AMD Instinct MI300X",
+        memory_mib: 196_592,
+        gpus: 8,
+        hosts: 2,
+        prefix: "aks-mi300x-vmss",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "aws-use1-eks",
+        cloud: Cloud::Aws,
+        region: "us-east-1",
+        source: "aws-eks",
+        instance_type: "dl1.24xlarge",
+        model: "HL-205",
+        memory_mib: 32_768,
+        gpus: 8,
+        hosts: 1,
+        prefix: "ip-10-1-4",
+        kind: AllocationKind::Pod,
+    },
+    Group {
+        cluster: "rdu-slurm",
+        cloud: Cloud::Onprem,
+        region: "rdu",
+        source: "rdu-slurm",
+        instance_type: "gaudi2-node",
+        model: "HL-225",
+        memory_mib: 98_304,
+        gpus: 8,
+        hosts: 2,
+        prefix: "rdu-gaudi2",
+        kind: AllocationKind::SlurmJob,
+    },
+    Group {
+        cluster: "lab-bench",
+        cloud: Cloud::Onprem,
+        region: "rdu",
+        source: "lab-agents",
+        instance_type: "workstation",
+        model: "AMD Instinct MI210",
+        memory_mib: 65_520,
+        gpus: 2,
+        hosts: 1,
+        prefix: "lab-amd",
+        kind: AllocationKind::Process,
+    },
 ];
 
 /// The whole fleet for a seed.
@@ -676,6 +765,8 @@ fn sample(h: &Host, gpu: u32, uuid: &str, ts: i64) -> PushSample {
         m if m.contains("H100") || m.contains("H200") => 70.0 + 600.0 * load,
         m if m.contains("A100") => 55.0 + 340.0 * load,
         m if m.contains("L40S") => 35.0 + 310.0 * load,
+        m if m.contains("MI300X") => 140.0 + 610.0 * load,
+        m if m.contains("HL-2") => 80.0 + 520.0 * load,
         _ => 16.0 + 55.0 * load,
     };
     PushSample {
@@ -713,10 +804,7 @@ pub fn inventory(h: &Host, at: DateTime<Utc>) -> Vec<PushGpu> {
             cloud: Some(h.cloud),
             region: Some(h.region.to_string()),
             instance_type: Some(h.instance_type.to_string()),
-            serial: Some(format!(
-                "{:013}",
-                mix(h.index * 97 + gpu as u64) % 10_000_000_000_000
-            )),
+            serial: Some(h.serial(gpu)),
             pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + gpu * 0x10)),
             mig_parent_uuid: None,
             mig_profile: None,

@@ -172,7 +172,12 @@ async fn browser_filters_and_drill_down_match_the_api() {
     };
 
     // Three filters applied from the filter bar: the page's totals equal the API's.
-    for (filter, value) in [("team", "nlp"), ("env", "prod"), ("cloud", "aws")] {
+    for (filter, value) in [
+        ("team", "nlp"),
+        ("env", "prod"),
+        ("cloud", "aws"),
+        ("vendor", "amd"),
+    ] {
         for attempt in 0..2 {
             c.goto(&format!("{base}/")).await.unwrap();
             let select = c
@@ -240,6 +245,13 @@ async fn browser_filters_and_drill_down_match_the_api() {
         }
         if filter == "team" {
             shot("overview-team-nlp").await;
+        }
+        if filter == "vendor" {
+            // The demo's AMD GPUs: 16 MI300X on Azure and 2 MI210 on a lab workstation.
+            let s = api(&base, "/api/v1/summary?vendor=amd&group_by=vendor").await;
+            assert_eq!(s["total"]["gpus"], 18, "{s}");
+            assert_eq!(s["groups"].as_array().unwrap().len(), 1, "{s}");
+            shot("overview-vendor-amd").await;
         }
     }
 

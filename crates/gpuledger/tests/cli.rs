@@ -189,7 +189,7 @@ fn demo_loads_through_ingest_and_summarizes() {
         String::from_utf8_lossy(&out.stderr)
     );
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(s["total"]["gpus"], 408);
+    assert_eq!(s["total"]["gpus"], 450);
     let teams: Vec<&str> = s["groups"]
         .as_array()
         .unwrap()
@@ -233,7 +233,7 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
     };
     let text = run(&[]);
     assert!(
-        text.contains("fleet: 408 GPUs on 88 hosts, 1 days"),
+        text.contains("fleet: 450 GPUs on 94 hosts, 1 days"),
         "{text}"
     );
     assert!(
@@ -284,7 +284,7 @@ fn bench_prometheus_script_backfills_and_agrees_per_team() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench-prometheus.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .args(["--gpus", "408", "--days", "2", "--requests", "1"])
+        .args(["--gpus", "450", "--days", "2", "--requests", "1"])
         .env("GPULEDGER_BIN", env!("CARGO_BIN_EXE_gpuledger"))
         .env("TMPDIR", tempdir("bench-prometheus"))
         .output()
