@@ -63,6 +63,9 @@ reply 502 '<html><body>Bad Gateway</body></html>' proxy-page
 # dcgm-exporter /metrics scrapes, as is, and the same series as Prometheus API answers: a
 # vector (/api/v1/query) and a three-step matrix (/api/v1/query_range).
 cp "$fixtures"/dcgm/*.prom "$corpus/dcgm_scrape/"
+# AMD's device-metrics-exporter (recorded) and the written AMD and Gaudi expositions.
+cp "$fixtures"/amd/*.prom "$corpus/dcgm_scrape/"
+cp "$fuzz"/../crates/collect/tests/data/*.prom "$corpus/dcgm_scrape/"
 python3 - "$fixtures/dcgm" "$corpus/dcgm_prometheus_api" <<'PY'
 import json, pathlib, re, sys
 

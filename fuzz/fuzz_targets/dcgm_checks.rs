@@ -16,13 +16,33 @@ pub fn map_and_check(series: &[Series], default_ts: DateTime<Utc>) {
     for (i, g) in m.gpus.iter().enumerate() {
         assert!(!g.model.is_empty());
         assert!(g.memory_mib.is_none_or(|v| v > 0 && v <= 16 * 1024 * 1024));
+        // Every identity is one the push API accepts.
+        assert!(
+            gpuledger_ledger::ingest::uuid_problem(&g.uuid).is_none(),
+            "{}",
+            g.uuid
+        );
         if let Some(parent) = &g.mig_parent_uuid {
-            assert!(g.uuid.starts_with("MIG-"));
+            // A MIG instance of an NVIDIA GPU, or a partition `<gpu>/P<n>` of an AMD one.
+            assert!(
+                (g.uuid.starts_with("MIG-") && parent.starts_with("GPU-"))
+                    || (parent.starts_with("AMD-")
+                        && g.uuid.strip_prefix(parent.as_str()).is_some_and(|rest| {
+                            rest.strip_prefix("/P")
+                                .is_some_and(|n| n.parse::<u32>().is_ok())
+                        })),
+                "{} under {parent}",
+                g.uuid
+            );
             assert!(m.gpus[..i]
                 .iter()
                 .any(|p| &p.uuid == parent && p.mig_parent_uuid.is_none()));
         } else {
-            assert!(g.uuid.starts_with("GPU-"));
+            assert!(
+                g.uuid.starts_with("GPU-") || g.uuid.starts_with("AMD-") || g.uuid.starts_with("HL-"),
+                "{}",
+                g.uuid
+            );
         }
     }
     let within =

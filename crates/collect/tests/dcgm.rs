@@ -3,6 +3,10 @@
 //! Map (add new tests to the matching section; name regressions after the bug they pin):
 //! - `corpus_*`: every file in `<corpus>/dcgm/` parsed, checked against values read off the files
 //!   by hand (see [`expectations`]); a new corpus file fails until it has its expectations.
+//! - `accel_*`: AMD device-metrics-exporter and Intel Gaudi metric exporter answers: every
+//!   `*.prom` file in `<corpus>/amd/` (see [`accel_expectations`]), and the two
+//!   documentation-derived files in `tests/data/` (no recorded scrape of a current AMD
+//!   exporter with pods, nor of the Gaudi exporter, is public).
 //! - `mutated_*`: corrupted corpus bytes and API answers; the parser reports problems or partial
 //!   results, never panics, and whatever it emits passes the push contract's validation.
 //! - `scrape_*`: the collector in scrape mode against a local HTTP server serving corpus files.
@@ -11,7 +15,7 @@
 //!   `GPULEDGER_REQUIRE_PROMETHEUS` is set.
 //!
 //! The corpus is found at `$GPULEDGER_CORPUS` or `<repo>/../shared/fixtures`; without it the
-//! corpus tests say they were skipped.
+//! corpus tests say they were skipped, unless `GPULEDGER_REQUIRE_CORPUS` is set, when they fail.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -23,30 +27,53 @@ use chrono::{DateTime, Utc};
 use gpuledger_collect::collectors::dcgm::parse::{self, Mapped, UnknownKind};
 use gpuledger_collect::collectors::dcgm::DcgmCollector;
 use gpuledger_collect::{build, CollectError, Collector};
-use gpuledger_model::{Observation, PushAllocation, PushGpu, PushSample};
+use gpuledger_model::{Observation, PushAllocation, PushGpu, PushSample, Vendor};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-fn corpus_dcgm() -> Option<PathBuf> {
+/// `<corpus>/<kind>/`, or `None` (said) when there is no corpus, or a failure when
+/// `GPULEDGER_REQUIRE_CORPUS` is set.
+fn corpus_dir(kind: &str) -> Option<PathBuf> {
     let root = std::env::var_os("GPULEDGER_CORPUS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"));
-    let dir = root.join("dcgm");
+    let dir = root.join(kind);
     if dir.is_dir() {
         Some(dir)
     } else if std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
         panic!(
-            "GPULEDGER_REQUIRE_CORPUS is set but there is no dcgm corpus at {}; set GPULEDGER_CORPUS to the fixtures folder",
+            "GPULEDGER_REQUIRE_CORPUS is set but there is no {kind} corpus at {}; set GPULEDGER_CORPUS to the fixtures folder",
             dir.display()
         );
     } else {
         eprintln!(
-            "skipped: no dcgm corpus at {} (set GPULEDGER_CORPUS to the fixtures folder)",
+            "skipped: no {kind} corpus at {} (set GPULEDGER_CORPUS to the fixtures folder)",
             dir.display()
         );
         None
     }
+}
+
+fn corpus_dcgm() -> Option<PathBuf> {
+    corpus_dir("dcgm")
+}
+
+fn corpus_amd() -> Option<PathBuf> {
+    corpus_dir("amd")
+}
+
+/// This crate's `tests/data/`: files written for the tests (documentation-derived).
+fn test_data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// The AMD corpus's exporter scrapes (the folder also holds rocm-smi output, the agent's).
+fn amd_scrapes(dir: &Path) -> Vec<PathBuf> {
+    corpus_files(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "prom"))
+        .collect()
 }
 
 fn corpus_files(dir: &Path) -> Vec<PathBuf> {
@@ -525,6 +552,435 @@ fn corpus_sentinel_values_become_unknown() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// accel_*: AMD and Gaudi exporters; expected values read off the files
+
+/// One device (a GPU, or a partition with `parent`) and its newest sample.
+struct Dev {
+    uuid: &'static str,
+    parent: Option<&'static str>,
+    /// `mig_profile`: a partition's mode.
+    profile: Option<&'static str>,
+    model: &'static str,
+    host: Option<&'static str>,
+    serial: Option<&'static str>,
+    memory_mib: Option<u64>,
+    util_pct: Option<f64>,
+    mem_used_mib: Option<f64>,
+    power_w: Option<f64>,
+    /// Record labels checked (others may be there).
+    labels: &'static [(&'static str, &'static str)],
+}
+
+struct AccelExpect {
+    vendors: &'static [Vendor],
+    devices: Vec<Dev>,
+    /// (device, kind, workload)
+    holds: Vec<(&'static str, &'static str, &'static str)>,
+    /// (device, field, kind)
+    unknown: Vec<(&'static str, &'static str, UnknownKind)>,
+}
+
+const OLD_AMD: &str = "AMD-SN-692247001282";
+const MI300X_SPX: &str = "AMD-SN-692407005101";
+const MI300X_CPX: &str = "AMD-SN-692407005126";
+const GAUDI_0: &str = "HL-SN-AM50016789";
+const GAUDI_1: &str = "HL-UUID-01P0-HL2080A0-15-TNF0C2-04-07-12";
+
+/// Expectations for `<corpus>/amd/*.prom` and `tests/data/*.prom`, by file name.
+fn accel_expectations() -> BTreeMap<&'static str, AccelExpect> {
+    let dev = |uuid| Dev {
+        uuid,
+        parent: None,
+        profile: None,
+        model: "unknown",
+        host: None,
+        serial: None,
+        memory_mib: None,
+        util_pct: None,
+        mem_used_mib: None,
+        power_w: None,
+        labels: &[],
+    };
+    let only_partitions = |uuid| {
+        ["activity", "mem_used_mib", "power_w", "memory_mib"]
+            .into_iter()
+            .map(move |f| (uuid, f, UnknownKind::OnlyMigSeries))
+    };
+    let mi300x = "AMD Instinct MI300X OAM";
+    BTreeMap::from([
+        (
+            // GPU 0 of an MI300X-class box, xGMI link counters only, every label masked to
+            // "xxxx": no family gpuledger reads, no device named; nothing, and no problem.
+            "dme-docs-xgmi-link-rx-tx-masked-labels.prom",
+            AccelExpect {
+                vendors: &[],
+                devices: vec![],
+                holds: vec![],
+                unknown: vec![],
+            },
+        ),
+        (
+            // The early exporter: GPU_UUID and SERIAL_NUMBER upper-case, no card_model, no host.
+            "dme-metrics-mini-old-uppercase-labels.prom",
+            AccelExpect {
+                vendors: &[Vendor::Amd],
+                devices: vec![Dev {
+                    serial: Some("692247001282"),
+                    memory_mib: Some(65519), // gpu_total_memory 68702 MB (10^6 B) = 65519.3 MiB
+                    util_pct: Some(0.0),     // gpu_usage
+                    power_w: Some(41.0),     // gpu_power_usage (gpu_package_power absent)
+                    labels: &[("gpu_uuid", "6699c0a8-4200-4242-037f-f97e6cae0f09")],
+                    ..dev(OLD_AMD)
+                }],
+                holds: vec![],
+                unknown: vec![(OLD_AMD, "mem_used_mib", UnknownKind::Absent)],
+            },
+        ),
+        (
+            "amd-dme-docs-derived-mi300x-cpx-pods.prom",
+            AccelExpect {
+                vendors: &[Vendor::Amd],
+                devices: vec![
+                    Dev {
+                        model: mi300x,
+                        host: Some("mi300x-node-7"),
+                        serial: Some("692407005101"),
+                        memory_mib: Some(196592),
+                        util_pct: Some(87.0),
+                        mem_used_mib: Some(150112.0),
+                        power_w: Some(612.0),
+                        labels: &[
+                            ("card_model", "102-G30213-0C"),
+                            ("gpu_index", "0"),
+                            ("memory_partition", "nps1"),
+                        ],
+                        ..dev(MI300X_SPX)
+                    },
+                    Dev {
+                        model: mi300x,
+                        host: Some("mi300x-node-7"),
+                        serial: Some("692407005126"),
+                        ..dev(MI300X_CPX)
+                    },
+                    Dev {
+                        parent: Some(MI300X_CPX),
+                        profile: Some("CPX"),
+                        model: mi300x,
+                        host: Some("mi300x-node-7"),
+                        memory_mib: Some(24574),
+                        util_pct: Some(0.0),
+                        mem_used_mib: Some(283.0),
+                        labels: &[("partition_id", "0"), ("gpu_index", "8")],
+                        ..dev("AMD-SN-692407005126/P0")
+                    },
+                    Dev {
+                        parent: Some(MI300X_CPX),
+                        profile: Some("CPX"),
+                        model: mi300x,
+                        host: Some("mi300x-node-7"),
+                        memory_mib: Some(24574),
+                        util_pct: Some(42.0),
+                        mem_used_mib: Some(20480.0),
+                        labels: &[("partition_id", "6"), ("gpu_index", "14")],
+                        ..dev("AMD-SN-692407005126/P6")
+                    },
+                ],
+                holds: vec![
+                    (MI300X_SPX, "pod", "llm/finetune-0"),
+                    ("AMD-SN-692407005126/P6", "slurm_job", "4711"),
+                ],
+                unknown: only_partitions(MI300X_CPX).collect(),
+            },
+        ),
+        (
+            "gaudi-metric-exporter-docs-derived.prom",
+            AccelExpect {
+                vendors: &[Vendor::Intel],
+                devices: vec![
+                    Dev {
+                        host: Some("gaudi2-node-1"), // habanalabs_kube_info's node
+                        serial: Some("AM50016789"),
+                        memory_mib: Some(98304),
+                        util_pct: Some(98.0),
+                        mem_used_mib: Some(96565.0),
+                        power_w: Some(351.0),
+                        labels: &[("driver_version", "1.20.0-bd87f71"), ("gpu_index", "0")],
+                        ..dev(GAUDI_0)
+                    },
+                    Dev {
+                        host: Some("gaudi2-node-1"),
+                        memory_mib: Some(98304),
+                        util_pct: Some(0.0),
+                        mem_used_mib: Some(768.0),
+                        power_w: Some(93.0),
+                        labels: &[("gpu_index", "1")],
+                        ..dev(GAUDI_1) // Serial="N/A": named by its UUID
+                    },
+                ],
+                holds: vec![(GAUDI_0, "pod", "ml-research/llama-train-0")],
+                unknown: vec![],
+            },
+        ),
+    ])
+}
+
+/// Check one mapping of an AMD or Gaudi answer against its expectations.
+fn check_accel(file: &str, m: &Mapped, e: &AccelExpect) {
+    assert!(m.problems.is_empty(), "{file}: {:?}", m.problems);
+    assert_eq!(
+        m.vendors.iter().copied().collect::<Vec<_>>(),
+        e.vendors.to_vec(),
+        "{file}: exporters detected"
+    );
+    let got: BTreeSet<&str> = m.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let want: BTreeSet<&str> = e.devices.iter().map(|d| d.uuid).collect();
+    assert_eq!(got, want, "{file}: devices");
+    for want in &e.devices {
+        let g = m.gpus.iter().find(|g| g.uuid == want.uuid).unwrap();
+        let who = format!("{file} {}", want.uuid);
+        assert_eq!(g.mig_parent_uuid.as_deref(), want.parent, "{who}");
+        assert_eq!(g.mig_profile.as_deref(), want.profile, "{who}");
+        assert_eq!(g.model, want.model, "{who}");
+        assert_eq!(g.host.as_deref(), want.host, "{who}");
+        assert_eq!(g.serial.as_deref(), want.serial, "{who}");
+        assert_eq!(g.memory_mib, want.memory_mib, "{who}");
+        for (k, v) in want.labels {
+            assert_eq!(g.labels.get(*k).map(String::as_str), Some(*v), "{who}: {k}");
+        }
+        let s = m.samples.iter().find(|s| s.gpu_uuid == want.uuid);
+        let field = |f: fn(&PushSample) -> Option<f64>| s.and_then(f);
+        assert!(
+            close(field(|s| s.util_pct), want.util_pct),
+            "{who}: util {s:?}"
+        );
+        assert!(
+            close(field(|s| s.mem_used_mib), want.mem_used_mib),
+            "{who}: mem {s:?}"
+        );
+        assert!(
+            close(field(|s| s.power_w), want.power_w),
+            "{who}: power {s:?}"
+        );
+        assert_eq!(field(|s| s.sm_active), None, "{who}: no SM activity");
+    }
+    // Parents come before their partitions, as ingest wants.
+    for (i, g) in m.gpus.iter().enumerate() {
+        if let Some(p) = &g.mig_parent_uuid {
+            assert!(m.gpus[..i].iter().any(|x| &x.uuid == p), "{file}");
+        }
+    }
+    let mut holds: Vec<(String, &str, String)> = m
+        .allocations()
+        .into_iter()
+        .map(|a| (a.gpu_uuid, a.kind.as_str(), a.workload))
+        .collect();
+    holds.sort();
+    let mut want: Vec<(String, &str, String)> = e
+        .holds
+        .iter()
+        .map(|(g, k, w)| (g.to_string(), *k, w.to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(holds, want, "{file}: allocations");
+    let got: BTreeSet<(String, &str, UnknownKind)> = m
+        .unknown
+        .iter()
+        .map(|u| (u.gpu_uuid.clone(), u.field, u.kind))
+        .collect();
+    let want: BTreeSet<(String, &str, UnknownKind)> = e
+        .unknown
+        .iter()
+        .map(|(g, f, k)| (g.to_string(), *f, *k))
+        .collect();
+    assert_eq!(got, want, "{file}: unknown fields");
+    assert_valid(&m.gpus, &m.samples, &m.allocations());
+}
+
+#[test]
+fn accel_every_amd_corpus_scrape_has_expected_devices_and_unknowns() {
+    let Some(dir) = corpus_amd() else { return };
+    let expect = accel_expectations();
+    let files = amd_scrapes(&dir);
+    assert_eq!(files.len(), 2, "{files:?}");
+    for path in &files {
+        let name = file_name(path);
+        let e = expect
+            .get(name.as_str())
+            .unwrap_or_else(|| panic!("{name} is new in the corpus: add its expectations"));
+        check_accel(&name, &map_file(path), e);
+    }
+}
+
+#[test]
+fn accel_documentation_derived_amd_and_gaudi_answers_map() {
+    let expect = accel_expectations();
+    for name in [
+        "amd-dme-docs-derived-mi300x-cpx-pods.prom",
+        "gaudi-metric-exporter-docs-derived.prom",
+    ] {
+        check_accel(name, &map_file(&test_data().join(name)), &expect[name]);
+    }
+}
+
+/// Prints the per-file results table the docs carry (`cargo test -p gpuledger-collect --test dcgm
+/// accel_results_table -- --nocapture`).
+#[test]
+fn accel_results_table() {
+    let mut files: Vec<PathBuf> = corpus_amd().map(|d| amd_scrapes(&d)).unwrap_or_default();
+    files.extend(
+        corpus_files(&test_data())
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "prom")),
+    );
+    println!("| file | devices | model | memory | activity | pods, jobs | unknown |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for path in files {
+        let m = map_file(&path);
+        let cell = |v: Vec<String>| {
+            if v.is_empty() {
+                "—".to_string()
+            } else {
+                v.join("; ")
+            }
+        };
+        let devices = cell(
+            m.gpus
+                .iter()
+                .map(|g| match &g.mig_profile {
+                    Some(p) => format!("`{}` ({p})", g.uuid),
+                    None => format!("`{}`", g.uuid),
+                })
+                .collect(),
+        );
+        let models: BTreeSet<&str> = m.gpus.iter().map(|g| g.model.as_str()).collect();
+        let memory = cell(
+            m.gpus
+                .iter()
+                .filter_map(|g| g.memory_mib.map(|v| format!("{v} MiB")))
+                .collect(),
+        );
+        let activity = cell(
+            m.samples
+                .iter()
+                .filter_map(|s| s.util_pct.map(|u| format!("{u} %")))
+                .collect(),
+        );
+        let holds = cell(
+            m.allocations()
+                .iter()
+                .map(|a| format!("{} `{}`", a.kind.as_str(), a.workload))
+                .collect(),
+        );
+        let unknown = cell(
+            m.unknown
+                .iter()
+                .map(|u| format!("{} {}: {}", u.gpu_uuid, u.field, u.detail))
+                .collect(),
+        );
+        println!(
+            "| {} | {devices} | {} | {memory} | {activity} | {holds} | {unknown} |",
+            file_name(&path),
+            cell(models.into_iter().map(String::from).collect()),
+        );
+    }
+}
+
+#[test]
+fn accel_amd_not_applicable_values_and_impossible_ones_are_unknown() {
+    let old = "gpu_power_usage{GPU_UUID=\"u-1\",SERIAL_NUMBER=\"692247001282\"} 65535\n\
+               gpu_usage{GPU_UUID=\"u-1\",SERIAL_NUMBER=\"692247001282\"} 4294967295\n\
+               gpu_used_vram{GPU_UUID=\"u-1\",SERIAL_NUMBER=\"692247001282\"} NaN\n\
+               gpu_total_vram{GPU_UUID=\"u-1\",SERIAL_NUMBER=\"692247001282\"} 18446744073709551615\n";
+    let m = parse::map_text(old, at());
+    assert!(m.samples.is_empty(), "{:?}", m.samples);
+    let kinds: BTreeMap<&str, (UnknownKind, String)> = m
+        .unknown
+        .iter()
+        .map(|u| (u.field, (u.kind, u.detail.clone())))
+        .collect();
+    assert_eq!(kinds["power_w"].0, UnknownKind::Sentinel, "{kinds:?}");
+    assert!(kinds["power_w"].1.contains("all bits set"), "{kinds:?}");
+    assert_eq!(kinds["activity"].0, UnknownKind::Sentinel, "{kinds:?}");
+    assert_eq!(kinds["mem_used_mib"].0, UnknownKind::Invalid, "{kinds:?}");
+    assert_eq!(kinds["memory_mib"].0, UnknownKind::Sentinel, "{kinds:?}");
+    assert_eq!(m.gpus[0].memory_mib, None);
+    // A Gaudi power of 20 kW is no reading; mW are converted before the check.
+    let m = parse::map_text(
+        "habanalabs_power_mW{Serial=\"AM1\"} 20000000\nhabanalabs_utilization{Serial=\"AM1\"} 101\n",
+        at(),
+    );
+    assert!(m.samples.is_empty(), "{:?}", m.samples);
+    assert_eq!(m.unknown.len(), 4, "{:?}", m.unknown);
+}
+
+#[test]
+fn accel_masked_or_missing_identities_are_skipped_with_a_problem() {
+    // The docs file's masked labels on a family that is read: no GPU, and the run says why.
+    let text = "gpu_gfx_activity{card_model=\"xxxx\",gpu_id=\"0\",hostname=\"xxxx\",serial_number=\"xxxx\"} 3\n\
+                habanalabs_utilization{Serial=\"\",UUID=\"N/A\"} 5\n";
+    let m = parse::map_text(text, at());
+    assert!(m.gpus.is_empty());
+    assert_eq!(m.problems.len(), 2, "{:?}", m.problems);
+    assert!(
+        m.problems[0].contains("1 AMD series name no GPU"),
+        "{:?}",
+        m.problems
+    );
+    assert!(
+        m.problems[1].contains("1 Gaudi series name no device"),
+        "{:?}",
+        m.problems
+    );
+    // `gpu_*` is a common prefix: without one of AMD's read families, such series are not AMD's.
+    let m = parse::map_text("gpu_temperature{serial_number=\"S1\"} 40\n", at());
+    assert!(m.gpus.is_empty() && m.problems.is_empty() && m.vendors.is_empty());
+    // With the exporter's `amd_` prefix they are.
+    let m = parse::map_text(
+        "amd_gpu_gfx_activity{serial_number=\"692407005101\",hostname=\"n1\"} 12\n",
+        at(),
+    );
+    assert_eq!(m.gpus[0].uuid, "AMD-SN-692407005101");
+    assert_eq!(m.samples[0].util_pct, Some(12.0));
+}
+
+#[test]
+fn accel_one_answer_may_hold_all_three_exporters() {
+    let Some(dcgm) = corpus_dcgm() else { return };
+    let Some(amd) = corpus_amd() else { return };
+    let mut text = std::fs::read_to_string(dcgm.join("k8s-tesla-t4-2gpu-pod-labels.prom")).unwrap();
+    text.push('\n');
+    text.push_str(
+        &std::fs::read_to_string(amd.join("dme-metrics-mini-old-uppercase-labels.prom")).unwrap(),
+    );
+    text.push('\n');
+    text.push_str(
+        &std::fs::read_to_string(test_data().join("gaudi-metric-exporter-docs-derived.prom"))
+            .unwrap(),
+    );
+    let m = parse::map_text(&text, at());
+    assert!(m.problems.is_empty(), "{:?}", m.problems);
+    assert_eq!(
+        m.vendors.iter().copied().collect::<Vec<_>>(),
+        [Vendor::Nvidia, Vendor::Amd, Vendor::Intel]
+    );
+    let by_vendor = |v: Vendor| {
+        m.physical_gpus()
+            .filter(|g| Vendor::of_uuid(&g.uuid) == Some(v))
+            .count()
+    };
+    assert_eq!(
+        (
+            by_vendor(Vendor::Nvidia),
+            by_vendor(Vendor::Amd),
+            by_vendor(Vendor::Intel)
+        ),
+        (2, 1, 2)
+    );
+    assert_eq!(m.allocations().len(), 2, "the T4's pod and the Gaudi's");
+    assert_valid(&m.gpus, &m.samples, &m.allocations());
+}
+
+// ---------------------------------------------------------------------------------------------
 // mutated_*: damage must never panic, and what survives must still be valid
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
@@ -569,12 +1025,25 @@ fn mutate(rng: &mut Rng, bytes: &[u8]) -> Vec<u8> {
     b
 }
 
+/// Every exporter answer the tests have: the dcgm corpus, the AMD corpus's scrapes and the
+/// documentation-derived files.
+fn every_scrape(dcgm: &Path) -> Vec<PathBuf> {
+    let mut files = corpus_files(dcgm);
+    files.extend(corpus_amd().map(|d| amd_scrapes(&d)).unwrap_or_default());
+    files.extend(
+        corpus_files(&test_data())
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "prom")),
+    );
+    files
+}
+
 #[test]
 fn mutated_scrapes_never_panic_and_stay_valid() {
     let Some(dir) = corpus_dcgm() else { return };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut runs, mut with_problems) = (0, 0);
-    for path in corpus_files(&dir) {
+    for path in every_scrape(&dir) {
         let bytes = std::fs::read(&path).unwrap();
         for _ in 0..150 {
             let damaged = mutate(&mut rng, &bytes);
@@ -597,7 +1066,7 @@ fn mutated_scrapes_never_panic_and_stay_valid() {
 fn mutated_api_answers_never_panic_and_stay_valid() {
     let Some(dir) = corpus_dcgm() else { return };
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for path in corpus_files(&dir) {
+    for path in every_scrape(&dir) {
         // A Prometheus answer holding this file's series, as /api/v1/query gives it.
         let parsed = parse::parse_text(&std::fs::read_to_string(&path).unwrap());
         let result: Vec<serde_json::Value> = parsed
@@ -647,21 +1116,30 @@ impl Drop for Server {
 
 /// Serve `<dir>/<file>` at `/dcgm/<file>`; `/html` answers a web page, `/fail` a 500.
 async fn serve_corpus(dir: PathBuf) -> Server {
+    serve_dirs(BTreeMap::from([("dcgm", dir)])).await
+}
+
+/// Serve each `<dir>/<file>` at `/<name>/<file>`; `/html` answers a web page, `/fail` a 500.
+async fn serve_dirs(dirs: BTreeMap<&'static str, PathBuf>) -> Server {
     use axum::extract::Path as UrlPath;
     use axum::http::{header, StatusCode};
     use axum::routing::get;
 
+    let dirs = std::sync::Arc::new(dirs);
     let app = axum::Router::new()
         .route(
-            "/dcgm/{file}",
-            get(move |UrlPath(file): UrlPath<String>| {
-                let dir = dir.clone();
+            "/{name}/{file}",
+            get(move |UrlPath((name, file)): UrlPath<(String, String)>| {
+                let dirs = dirs.clone();
                 async move {
+                    let Some(dir) = dirs.get(name.as_str()) else {
+                        return Err(StatusCode::NOT_FOUND);
+                    };
                     if file.contains('/') || file.starts_with('.') {
                         return Err(StatusCode::NOT_FOUND);
                     }
-                    // Verbatim, including the two files without a final newline (Prometheus
-                    // 2.42 takes them as they are).
+                    // Verbatim, including the files without a final newline (Prometheus 2.42
+                    // takes them as they are).
                     let text = std::fs::read_to_string(dir.join(&file))
                         .map_err(|_| StatusCode::NOT_FOUND)?;
                     Ok((
@@ -884,6 +1362,93 @@ async fn scrape_allocations_keep_their_start_across_runs() {
     assert_eq!(second.end, None);
 }
 
+/// AMD and Gaudi exporters scraped like dcgm-exporter: the vendor is told by the families each
+/// endpoint answers with, and an endpoint with none of them is a problem naming what was looked for.
+#[tokio::test]
+async fn scrape_reads_amd_and_gaudi_exporters_by_their_families() {
+    let Some(dcgm) = corpus_dcgm() else { return };
+    let Some(amd) = corpus_amd() else { return };
+    let server = serve_dirs(BTreeMap::from([
+        ("dcgm", dcgm),
+        ("amd", amd),
+        ("data", test_data()),
+    ]))
+    .await;
+    let base = format!("http://{}", server.addr);
+    let toml = format!(
+        "type = \"dcgm\"\nname = \"mixed\"\ntimeout_secs = 5\nendpoints = [\
+         \"{base}/dcgm/k8s-tesla-t4-2gpu-pod-labels.prom\", \
+         \"{base}/amd/dme-metrics-mini-old-uppercase-labels.prom\", \
+         \"{base}/data/amd-dme-docs-derived-mi300x-cpx-pods.prom\", \
+         \"{base}/data/gaudi-metric-exporter-docs-derived.prom\", \
+         \"{base}/amd/dme-docs-xgmi-link-rx-tx-masked-labels.prom\"]\n"
+    );
+    let c = build("dcgm", "mixed", &toml).unwrap();
+    let report = c.collect_report().await.unwrap();
+    assert_valid_observations(&report.observations);
+    assert_eq!(
+        gpu_uuids(&report.observations, false),
+        [
+            "GPU-5f587dd4-6505-0873-c6db-8324dbfe5ba9",
+            "GPU-7a2e92f2-be71-d37e-a744-541600ffc722",
+            OLD_AMD,
+            MI300X_SPX,
+            MI300X_CPX,
+            GAUDI_0,
+            GAUDI_1,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    );
+    assert_eq!(
+        gpu_uuids(&report.observations, true),
+        BTreeSet::from([
+            "AMD-SN-692407005126/P0".to_string(),
+            "AMD-SN-692407005126/P6".to_string()
+        ])
+    );
+    let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(
+        problems[0].contains("dme-docs-xgmi-link-rx-tx-masked-labels.prom")
+            && problems[0].contains("no GPU found: none of the metric families gpuledger reads")
+            && problems[0].contains("gpu_gfx_activity")
+            && problems[0].contains("habanalabs_*"),
+        "{problems:#?}"
+    );
+    let workloads: BTreeSet<String> = report
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Allocation { allocation, .. } => Some(allocation.workload.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        workloads,
+        BTreeSet::from([
+            "runai-reservation/runai-reservation-gpu-qa-mig-worker-gpu-1-kvltw".to_string(),
+            "llm/finetune-0".to_string(),
+            "4711".to_string(),
+            "ml-research/llama-train-0".to_string(),
+        ])
+    );
+    // Watts from the Gaudi's milliwatts, MiB from its bytes.
+    let gaudi = report
+        .observations
+        .iter()
+        .find_map(|o| match o {
+            Observation::Sample { sample, .. } if sample.gpu_uuid == GAUDI_0 => Some(sample),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        (gaudi.util_pct, gaudi.mem_used_mib, gaudi.power_w),
+        (Some(98.0), Some(96565.0), Some(351.0))
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // prometheus_*
 
@@ -927,33 +1492,35 @@ fn find_prometheus() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-#[tokio::test]
-async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills() {
-    let Some(dir) = corpus_dcgm() else { return };
+/// A Prometheus (Debian's `prometheus`) on 127.0.0.1 scraping `paths` of `server` every second,
+/// one job each, with all targets up; `None` (said) without the binary, unless
+/// `GPULEDGER_REQUIRE_PROMETHEUS` is set.
+struct Prometheus {
+    url: String,
+    _running: Running,
+    _tmp: TempDir,
+}
+
+async fn start_prometheus(server: SocketAddr, paths: &[String]) -> Option<Prometheus> {
     let Some(prometheus) = find_prometheus() else {
         if std::env::var_os("GPULEDGER_REQUIRE_PROMETHEUS").is_some() {
             panic!("GPULEDGER_REQUIRE_PROMETHEUS is set but no `prometheus` is on PATH; install Debian's `prometheus` package");
         }
         eprintln!("skipped: no `prometheus` on PATH (apt-get install prometheus)");
-        return;
+        return None;
     };
-    let files = corpus_files(&dir);
-    let server = serve_corpus(dir.clone()).await;
     let tmp = TempDir::new("prometheus");
     let mut config =
         String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
-    for f in &files {
-        let name = file_name(f);
+    for (i, path) in paths.iter().enumerate() {
         config.push_str(&format!(
-            "  - job_name: \"{}\"\n    metrics_path: \"/dcgm/{name}\"\n    static_configs:\n      - targets: [\"{}\"]\n",
-            name.trim_end_matches(".prom"),
-            server.addr
+            "  - job_name: \"job{i}\"\n    metrics_path: \"{path}\"\n    static_configs:\n      - targets: [\"{server}\"]\n"
         ));
     }
     std::fs::write(tmp.0.join("prometheus.yml"), config).unwrap();
     let port = free_port();
     let log = std::fs::File::create(tmp.0.join("prometheus.log")).unwrap();
-    let _prom = Running(
+    let running = Running(
         Command::new(&prometheus)
             .arg(format!(
                 "--config.file={}",
@@ -970,14 +1537,13 @@ async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills()
             .spawn()
             .expect("start prometheus"),
     );
-    let since = Utc::now() - chrono::Duration::seconds(2);
-    let prom_url = format!("http://127.0.0.1:{port}");
+    let url = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = async {
             let v: serde_json::Value = http
-                .get(format!("{prom_url}/api/v1/targets"))
+                .get(format!("{url}/api/v1/targets"))
                 .send()
                 .await
                 .ok()?
@@ -985,7 +1551,7 @@ async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills()
                 .await
                 .ok()?;
             let targets = v["data"]["activeTargets"].as_array()?.clone();
-            Some(targets.len() == files.len() && targets.iter().all(|t| t["health"] == "up"))
+            Some(targets.len() == paths.len() && targets.iter().all(|t| t["health"] == "up"))
         }
         .await;
         if up == Some(true) {
@@ -997,6 +1563,27 @@ async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills()
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    Some(Prometheus {
+        url,
+        _running: running,
+        _tmp: tmp,
+    })
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills() {
+    let Some(dir) = corpus_dcgm() else { return };
+    let files = corpus_files(&dir);
+    let server = serve_corpus(dir.clone()).await;
+    let since = Utc::now() - chrono::Duration::seconds(2);
+    let paths: Vec<String> = files
+        .iter()
+        .map(|f| format!("/dcgm/{}", file_name(f)))
+        .collect();
+    let Some(prom) = start_prometheus(server.addr, &paths).await else {
+        return;
+    };
+    let prom_url = prom.url.clone();
     // A few more scrapes, so that the backfill has a range to read.
     tokio::time::sleep(Duration::from_secs(4)).await;
 
@@ -1095,6 +1682,124 @@ async fn prometheus_scrapes_the_corpus_and_the_collector_queries_and_backfills()
     assert!(alloc.start >= since && alloc.end.is_none(), "{alloc:?}");
     // The trait offers the same backfill to a server holding any collector.
     assert!(c.backfill(since).is_some());
+}
+
+/// A Prometheus scraping dcgm-exporter, AMD and Gaudi targets: the instant query and the
+/// `query_range` backfill ask for all three exporters' families and find the same devices,
+/// values and workloads as the files.
+#[tokio::test]
+async fn prometheus_holding_all_three_exporters_is_read_and_backfilled() {
+    let Some(dcgm) = corpus_dcgm() else { return };
+    let Some(amd) = corpus_amd() else { return };
+    let server = serve_dirs(BTreeMap::from([
+        ("dcgm", dcgm),
+        ("amd", amd),
+        ("data", test_data()),
+    ]))
+    .await;
+    let since = Utc::now() - chrono::Duration::seconds(2);
+    let paths = [
+        "/dcgm/aws-kops-nvidia-l4-full-scrape.prom",
+        "/amd/dme-metrics-mini-old-uppercase-labels.prom",
+        "/amd/dme-docs-xgmi-link-rx-tx-masked-labels.prom",
+        "/data/amd-dme-docs-derived-mi300x-cpx-pods.prom",
+        "/data/gaudi-metric-exporter-docs-derived.prom",
+    ]
+    .map(String::from);
+    let Some(prom) = start_prometheus(server.addr, &paths).await else {
+        return;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let c = DcgmCollector::from_toml(
+        "prom",
+        &format!(
+            "prometheus_url = \"{}\"\nbackfill_step_secs = 1\ntimeout_secs = 10\n",
+            prom.url
+        ),
+    )
+    .unwrap();
+    let report = c.run().await.unwrap();
+    let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_valid_observations(&report.observations);
+    let l4 = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c";
+    assert_eq!(
+        gpu_uuids(&report.observations, false),
+        [l4, OLD_AMD, MI300X_SPX, MI300X_CPX, GAUDI_0, GAUDI_1]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+    let mut all = Mapped::default();
+    for o in &report.observations {
+        match o {
+            Observation::Gpu { gpu, .. } => all.gpus.push(gpu.clone()),
+            Observation::Sample { sample, .. } => all.samples.push(sample.clone()),
+            _ => {}
+        }
+    }
+    let expect = accel_expectations();
+    for file in [
+        "dme-metrics-mini-old-uppercase-labels.prom",
+        "amd-dme-docs-derived-mi300x-cpx-pods.prom",
+        "gaudi-metric-exporter-docs-derived.prom",
+    ] {
+        for want in &expect[file].devices {
+            let g = all.gpus.iter().find(|g| g.uuid == want.uuid).unwrap();
+            assert_eq!(
+                (g.model.as_str(), g.host.as_deref(), g.memory_mib),
+                (want.model, want.host, want.memory_mib),
+                "{}",
+                want.uuid
+            );
+            let s = all.samples.iter().find(|s| s.gpu_uuid == want.uuid);
+            assert!(
+                close(s.and_then(|s| s.util_pct), want.util_pct),
+                "{}",
+                want.uuid
+            );
+            assert!(
+                close(s.and_then(|s| s.power_w), want.power_w),
+                "{}",
+                want.uuid
+            );
+            assert!(
+                close(s.and_then(|s| s.mem_used_mib), want.mem_used_mib),
+                "{}",
+                want.uuid
+            );
+        }
+    }
+    let workloads: BTreeSet<&str> = report
+        .observations
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Allocation { allocation, .. } => Some(allocation.workload.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        workloads,
+        BTreeSet::from(["llm/finetune-0", "4711", "ml-research/llama-train-0"])
+    );
+
+    let until = Utc::now();
+    let backfill = c.backfill_range(since, until).await.unwrap();
+    assert!(backfill.problems.is_empty(), "{:?}", backfill.problems);
+    assert_valid_observations(&backfill.observations);
+    for uuid in [OLD_AMD, "AMD-SN-692407005126/P6", GAUDI_0] {
+        let times: BTreeSet<i64> = backfill
+            .observations
+            .iter()
+            .filter_map(|o| match o {
+                Observation::Sample { sample, .. } if sample.gpu_uuid == uuid => {
+                    Some(sample.ts.timestamp())
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(times.len() >= 3, "{uuid}: {} samples", times.len());
+    }
 }
 
 /// Issue 14: an endpoint could redirect the collector to another host (a cloud metadata

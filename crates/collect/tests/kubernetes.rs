@@ -635,6 +635,68 @@ async fn watch_maps_dcgm_exporter_pods_to_their_node() {
     );
 }
 
+/// The corpus T4 node, modified by this test into an AMD node: its NVIDIA labels (GPU Feature
+/// Discovery's) and `nvidia.com/gpu` resources removed, `amd.com/gpu: 8` advertised instead,
+/// as AMD's device plugin does. No recorded AMD node is public.
+fn amd_node_from_t4(name: &str) -> Option<Value> {
+    let mut n = corpus_object("node-tesla-t4-2gpu-gke.yaml")?;
+    n["metadata"]["name"] = json!(name);
+    let labels = n["metadata"]["labels"].as_object_mut().unwrap();
+    labels.retain(|k, _| !k.starts_with("nvidia.com/"));
+    labels.insert("kubernetes.io/hostname".into(), json!(name));
+    for part in ["capacity", "allocatable"] {
+        let m = n["status"][part].as_object_mut().unwrap();
+        m.remove("nvidia.com/gpu");
+        m.insert("amd.com/gpu".into(), json!("8"));
+    }
+    Some(n)
+}
+
+/// The corpus reservation pod, modified by this test to request `amd.com/gpu` on `node`.
+fn amd_pod_from_reservation(node: &str, gpus: u32) -> Option<Value> {
+    let mut p = reservation_on_t4("amd-resv", "uid-amd")?;
+    p["spec"]["nodeName"] = json!(node);
+    let r = &mut p["spec"]["containers"][0]["resources"];
+    for part in ["limits", "requests"] {
+        r[part] = json!({ "amd.com/gpu": gpus.to_string() });
+    }
+    Some(p)
+}
+
+#[tokio::test]
+async fn watch_counts_amd_gpus_and_labels_each_pool_with_its_vendor() {
+    let (Some(t4), Some(amd), Some(pod)) = (
+        corpus_object("node-tesla-t4-2gpu-gke.yaml"),
+        amd_node_from_t4("mi300x-node-7"),
+        amd_pod_from_reservation("mi300x-node-7", 2),
+    ) else {
+        return;
+    };
+    let api = FakeApi::start(vec![t4, amd, pod]).await;
+    let c = collector(&api, &tempdir("amd"), "");
+    let r = run(&c).await;
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    let hosts = host_counts(&r);
+    let amd = &hosts["mi300x-node-7"];
+    assert_eq!((amd.count, amd.model.as_deref()), (8, None));
+    assert_eq!(amd.labels.get("vendor").map(String::as_str), Some("amd"));
+    assert!(amd.mig_instances.is_empty());
+    // The NVIDIA node is counted as before, and now says whose it is too.
+    let t4 = &hosts["qa-mig-worker-gpu-1"];
+    assert_eq!((t4.count, t4.model.as_deref()), (2, Some("Tesla T4")));
+    assert_eq!(t4.labels.get("vendor").map(String::as_str), Some("nvidia"));
+    let mut slots: Vec<&str> = allocations(&r)
+        .iter()
+        .filter(|a| a.workload == "runai-reservation/amd-resv")
+        .map(|a| a.gpu_uuid.as_str())
+        .collect();
+    slots.sort();
+    assert_eq!(
+        slots,
+        ["placeholder:mi300x-node-7:0", "placeholder:mi300x-node-7:1"]
+    );
+}
+
 #[tokio::test]
 async fn watch_reads_cloud_facts_from_node_labels_and_provider_id() {
     let Some(mut t4) = corpus_object("node-tesla-t4-2gpu-gke.yaml") else {

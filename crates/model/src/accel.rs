@@ -76,8 +76,10 @@ pub fn is_usable_id(s: &str) -> bool {
             lower.as_str(),
             "n/a" | "na" | "none" | "null" | "unknown" | "not supported" | "[n/a]"
         )
-        || t.chars().all(|c| c == '0')
-        || lower.trim_start_matches("0x").chars().all(|c| c == '0')
+        || lower
+            .trim_start_matches("0x")
+            .chars()
+            .all(|c| c == '0' || c == '-')
         || lower.contains("xxxx"))
 }
 

@@ -1,8 +1,12 @@
-//! The `dcgm` collector: GPUs, MIG instances, utilization and pod/job evidence from NVIDIA
-//! dcgm-exporter, read either by scraping exporter endpoints or by querying a Prometheus that
-//! scrapes them (which also allows a `query_range` backfill after gpuledger was down).
+//! The `dcgm` collector: GPUs, MIG instances, AMD compute partitions, utilization and pod/job
+//! evidence from the GPU exporters a cluster already runs: NVIDIA dcgm-exporter, AMD's
+//! device-metrics-exporter and the Intel Gaudi metric exporter, read either by scraping
+//! exporter endpoints or by querying a Prometheus that scrapes them (which also allows a
+//! `query_range` backfill after gpuledger was down). Which exporter an endpoint is, is read off
+//! the metric families it answers with; one Prometheus may hold all three.
 //!
-//! Read-only: it sends GET requests and nothing else. Parsing and mapping live in [`parse`].
+//! Read-only: it sends GET requests and nothing else. The families read, per exporter, are in
+//! [`families`]; parsing and mapping in [`parse`].
 //!
 //! ```toml
 //! [[collectors]]
@@ -17,6 +21,7 @@
 //! backfill_step_secs = 60
 //! ```
 
+pub mod families;
 pub mod parse;
 
 use std::collections::{BTreeMap, HashSet};
@@ -61,9 +66,10 @@ struct FileConfig {
 /// Where the collector reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mode {
-    /// GET each dcgm-exporter `/metrics` endpoint.
+    /// GET each exporter's `/metrics` endpoint.
     Scrape { endpoints: Vec<String> },
-    /// Ask a Prometheus for the `DCGM_FI_*` series; `matchers` narrow them (`cluster="rdu"`).
+    /// Ask a Prometheus for the families read ([`families::query_metrics`]); `matchers` narrow
+    /// them (`cluster="rdu"`).
     Query {
         prometheus_url: String,
         matchers: Option<String>,
@@ -272,18 +278,25 @@ impl DcgmCollector {
             MAX_ANSWER_BYTES,
         )
         .await?;
-        let parsed = parse::parse_text(&String::from_utf8_lossy(&body));
-        let mut mapped = parse::map(&parsed.series, observed_at);
-        mapped.problems.splice(0..0, parsed.problems);
+        let mapped = parse::map_text(&String::from_utf8_lossy(&body), observed_at);
         if mapped.gpus.is_empty() {
             let why = if mapped.problems.is_empty() {
                 String::new()
             } else {
                 format!(" ({})", mapped.problems.join("; "))
             };
+            let found = if mapped.vendors.is_empty() {
+                format!(
+                    "none of the metric families gpuledger reads ({})",
+                    families::LOOKED_FOR
+                )
+            } else {
+                format!("{} series name no device", exporters(&mapped.vendors))
+            };
             return Err(CollectError::Data(format!(
-                "{what}: no GPU found: no DCGM_FI_* series with a UUID label{why}; point \
-                 `endpoints` at dcgm-exporter's /metrics (port 9400 by default)"
+                "{what}: no GPU found: {found}{why}; point `endpoints` at dcgm-exporter's \
+                 /metrics (port 9400 by default), AMD device-metrics-exporter's (5000) or the \
+                 Gaudi metric exporter's (41611)"
             )));
         }
         Ok(mapped)
@@ -293,7 +306,7 @@ impl DcgmCollector {
     fn selector(matchers: Option<&str>) -> String {
         format!(
             "{{__name__=~\"{}\"{}}}",
-            parse::READ_METRICS.join("|"),
+            families::query_metrics().join("|"),
             matchers.map(|m| format!(",{m}")).unwrap_or_default()
         )
     }
@@ -312,8 +325,9 @@ impl DcgmCollector {
         mapped.problems.splice(0..0, parsed.problems);
         if mapped.gpus.is_empty() {
             return Err(CollectError::Data(format!(
-                "{what}: Prometheus has no DCGM series with a UUID label; check that it scrapes \
-                 dcgm-exporter{}",
+                "{what}: Prometheus has no series of the families gpuledger reads that name a \
+                 device; check that it scrapes dcgm-exporter, AMD device-metrics-exporter or the \
+                 Gaudi metric exporter{}",
                 if matchers.is_some() {
                     " and that `matchers` match them"
                 } else {
@@ -580,6 +594,21 @@ impl DcgmCollector {
     }
 }
 
+/// The exporters `vendors` stand for, for messages.
+fn exporters(vendors: &std::collections::BTreeSet<gpuledger_model::Vendor>) -> String {
+    use gpuledger_model::Vendor;
+    vendors
+        .iter()
+        .map(|v| match v {
+            Vendor::Nvidia => "dcgm-exporter",
+            Vendor::Amd => "AMD device-metrics-exporter",
+            Vendor::Intel => "Gaudi metric exporter",
+            Vendor::Other => "other",
+        })
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
 impl Collector for DcgmCollector {
     fn kind(&self) -> &'static str {
         KIND
@@ -668,10 +697,19 @@ mod tests {
             s.starts_with("{__name__=~\"DCGM_FI_PROF_GR_ENGINE_ACTIVE|"),
             "{s}"
         );
-        assert!(
-            s.ends_with("DCGM_FI_DEV_POWER_USAGE\",job=\"dcgm\"}"),
-            "{s}"
-        );
+        for family in [
+            "DCGM_FI_DEV_POWER_USAGE",
+            "gpu_gfx_activity",
+            "amd_gpu_used_vram",
+            "habanalabs_utilization",
+            "habanalabs_kube_info",
+        ] {
+            assert!(
+                s.contains(&format!("|{family}|")) || s.contains(&format!("|{family}\"")),
+                "{family}: {s}"
+            );
+        }
+        assert!(s.ends_with("\",job=\"dcgm\"}"), "{s}");
     }
 
     #[tokio::test]

@@ -1,6 +1,9 @@
-//! Pure parsing for the `dcgm` collector: dcgm-exporter's `/metrics` text or a Prometheus API
-//! answer in, GPUs, MIG instances, samples and allocation evidence out. No IO; every input is
-//! untrusted, so nothing here panics on bad bytes: bad lines become problems, the rest is kept.
+//! Pure parsing for the `dcgm` collector: a GPU exporter's `/metrics` text (NVIDIA
+//! dcgm-exporter, AMD device-metrics-exporter, the Intel Gaudi metric exporter) or a Prometheus
+//! API answer in, GPUs, MIG instances and partitions, samples and allocation evidence out. No
+//! IO; every input is untrusted, so nothing here panics on bad bytes: bad lines become
+//! problems, the rest is kept. Which families feed which field, per exporter, is in
+//! [`super::families`].
 //!
 //! The scrape text is split into lines by `prometheus-parse` ([`LineInfo::parse`]); label sets are
 //! read here, because that crate's own label reader splits on `,` and `=` without regard to
@@ -9,35 +12,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeZone, Utc};
-use gpuledger_model::{AllocationKind, PushAllocation, PushGpu, PushSample, UNKNOWN};
+use gpuledger_model::{AllocationKind, PushAllocation, PushGpu, PushSample, Vendor, UNKNOWN};
 use prometheus_parse::LineInfo;
 use serde::Deserialize;
 
-/// Graphics-engine activity, a ratio 0..=1 (dcgm-exporter's HELP says "in %", the values are ratios).
-pub const GR_ENGINE_ACTIVE: &str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE";
-/// SM activity, a ratio 0..=1.
-pub const SM_ACTIVE: &str = "DCGM_FI_PROF_SM_ACTIVE";
-/// NVML's coarse utilization, percent 0..=100.
-pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
-/// Framebuffer used, MiB.
-pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
-/// Framebuffer free, MiB.
-pub const FB_FREE: &str = "DCGM_FI_DEV_FB_FREE";
-/// Framebuffer reserved by the driver, MiB (DCGM 3.x and later).
-pub const FB_RESERVED: &str = "DCGM_FI_DEV_FB_RESERVED";
-/// Board power draw, W.
-pub const POWER_USAGE: &str = "DCGM_FI_DEV_POWER_USAGE";
-
-/// Every metric whose value gpuledger reads; the others only prove that a GPU exists.
-pub const READ_METRICS: [&str; 7] = [
-    GR_ENGINE_ACTIVE,
-    SM_ACTIVE,
-    GPU_UTIL,
-    FB_USED,
-    FB_FREE,
-    FB_RESERVED,
-    POWER_USAGE,
-];
+use super::families::{
+    self, clip, is_exporter_container, is_exporter_pod, text, Device, Id, Memory, Profile, Unit,
+    MAX_MIB, MAX_TEXT_BYTES,
+};
 
 /// DCGM's blank value for 32-bit integer fields (`DCGM_INT32_BLANK`); +1 not found, +2 not
 /// supported, +3 not permissioned, and DCGM treats everything above as blank too.
@@ -48,10 +30,6 @@ pub const DCGM_INT64_BLANK: i128 = 0x7fff_ffff_ffff_fff0;
 /// DCGM's blank value for floating-point fields (`DCGM_FP64_BLANK`, 2^47); the same offsets.
 pub const DCGM_FP64_BLANK: f64 = 140_737_488_355_328.0;
 
-/// The metric-name prefix of DCGM fields.
-const FIELD_PREFIX: &str = "DCGM_FI_";
-/// The longest text the push contract accepts in a field or label value.
-const MAX_TEXT_BYTES: usize = 256;
 /// Problems kept per parse; more are counted, not listed.
 const MAX_PROBLEMS: usize = 20;
 /// Timestamps past 9999-12-31 are damage, not data.
@@ -89,8 +67,9 @@ pub struct Parsed {
     pub log: Vec<String>,
 }
 
-/// Parse dcgm-exporter's `/metrics` text. Keeps only `DCGM_FI_*` series. Blank lines, `# HELP`
-/// and `# TYPE` lines, their absence and a missing final newline are all fine.
+/// Parse an exporter's `/metrics` text. Keeps only the series of the exporters gpuledger reads
+/// (`DCGM_FI_*`, `gpu_*` and `amd_gpu_*`, `habanalabs_*`; see [`families::vendor_of`]). Blank
+/// lines, `# HELP` and `# TYPE` lines, their absence and a missing final newline are all fine.
 pub fn parse_text(text: &str) -> Parsed {
     let mut problems = Problems::default();
     let mut series = Vec::new();
@@ -103,7 +82,7 @@ pub fn parse_text(text: &str) -> Parsed {
                 value,
                 timestamp,
             } => {
-                if !metric_name.starts_with(FIELD_PREFIX) {
+                if families::vendor_of(metric_name).is_none() {
                     continue;
                 }
                 let labels = match parse_labels(labels.unwrap_or("")) {
@@ -413,16 +392,31 @@ pub fn sentinel(raw: &str, value: f64) -> Option<String> {
     None
 }
 
-/// What gpuledger reports for one GPU (or MIG instance) field it could not know.
+/// AMD's "not applicable" value, if `value` is one: the exporter's gpuagent marks a field it
+/// cannot read with all bits set for its width (255, 65535, 4294967295,
+/// 18446744073709551615), and its own `IsValueApplicable` treats these as no value (so it never
+/// exports them as readings). Compared as floats, so `4.294967295e+09` and what a Prometheus
+/// stores for the 64-bit one (2^64) are recognized too.
+pub fn amd_sentinel(value: f64) -> Option<String> {
+    const ALL_ONES: [u64; 4] = [0xff, 0xffff, 0xffff_ffff, u64::MAX];
+    ALL_ONES
+        .iter()
+        .any(|a| value == *a as f64)
+        .then(|| "AMD not-applicable value (all bits set)".to_string())
+}
+
+/// What gpuledger reports for one device (or MIG instance, or partition) field it could not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum UnknownKind {
     /// No series for it.
     Absent,
-    /// The exporter sent a DCGM sentinel (blank, not found, not supported, not permissioned).
+    /// The exporter sent a "no value" sentinel: DCGM's blank, not found, not supported, not
+    /// permissioned; AMD's all-bits-set.
     Sentinel,
     /// A value outside what the field can hold (a ratio of 3, a negative power, NaN).
     Invalid,
-    /// The GPU has MIG instance series only, so no value for the whole GPU.
+    /// The GPU has child series only (MIG instances, AMD compute partitions), so no value for
+    /// the whole GPU.
     OnlyMigSeries,
 }
 
@@ -478,7 +472,10 @@ impl Hold {
 /// What a set of series says in gpuledger's terms.
 #[derive(Debug, Default)]
 pub struct Mapped {
-    /// Physical GPUs, each followed by its MIG instances (parents first, as ingest wants).
+    /// The exporters whose families the series held (see [`families::vendors_present`]).
+    pub vendors: BTreeSet<Vendor>,
+    /// Physical GPUs, each followed by its MIG instances or partitions (parents first, as
+    /// ingest wants).
     pub gpus: Vec<PushGpu>,
     pub samples: Vec<PushSample>,
     pub holds: Vec<Hold>,
@@ -492,18 +489,18 @@ impl Mapped {
         self.holds.iter().map(Hold::allocation).collect()
     }
 
-    /// Physical GPUs (MIG instances are never counted as GPUs).
+    /// Physical GPUs (MIG instances and partitions are never counted as GPUs).
     pub fn physical_gpus(&self) -> impl Iterator<Item = &PushGpu> {
         self.gpus.iter().filter(|g| g.mig_parent_uuid.is_none())
     }
 
-    /// MIG instances.
+    /// MIG instances and AMD compute partitions.
     pub fn mig_instances(&self) -> impl Iterator<Item = &PushGpu> {
         self.gpus.iter().filter(|g| g.mig_parent_uuid.is_some())
     }
 }
 
-/// How one reading of a read metric turned out.
+/// How one reading of a read metric turned out (in gpuledger's unit: ratio, %, MiB, W).
 #[derive(Debug, Clone)]
 enum Slot {
     Known(f64),
@@ -526,28 +523,27 @@ struct Attrs {
     host: Option<String>,
     cluster: Option<String>,
     pci_bus_id: Option<String>,
-    driver_version: Option<String>,
-    gpu_index: Option<String>,
+    serial: Option<String>,
     profile: Option<String>,
+    labels: BTreeMap<&'static str, String>,
 }
 
 impl Attrs {
-    fn fill(&mut self, labels: &BTreeMap<String, String>) {
-        fn set(slot: &mut Option<String>, v: Option<String>) {
+    fn fill(&mut self, facts: &families::Facts, profile: Option<&String>) {
+        fn set(slot: &mut Option<String>, v: Option<&String>) {
             if slot.is_none() {
-                *slot = v;
+                *slot = v.cloned();
             }
         }
-        set(&mut self.model, text(labels, "modelName"));
-        set(&mut self.host, host(labels));
-        set(&mut self.cluster, text(labels, "cluster"));
-        set(&mut self.pci_bus_id, text(labels, "pci_bus_id"));
-        set(
-            &mut self.driver_version,
-            text(labels, "DCGM_FI_DRIVER_VERSION"),
-        );
-        set(&mut self.gpu_index, text(labels, "gpu"));
-        set(&mut self.profile, text(labels, "GPU_I_PROFILE"));
+        set(&mut self.model, facts.model.as_ref());
+        set(&mut self.host, facts.host.as_ref());
+        set(&mut self.cluster, facts.cluster.as_ref());
+        set(&mut self.pci_bus_id, facts.pci_bus_id.as_ref());
+        set(&mut self.serial, facts.serial.as_ref());
+        set(&mut self.profile, profile);
+        for (k, v) in &facts.labels {
+            self.labels.entry(k).or_insert_with(|| v.clone());
+        }
     }
 }
 
@@ -567,7 +563,7 @@ struct Entity {
     attrs: Attrs,
     /// Per reading time, the read metrics' slots (an empty map still proves presence then).
     readings: BTreeMap<DateTime<Utc>, BTreeMap<&'static str, Slot>>,
-    /// Whether any series was for this entity itself (for a GPU: without `GPU_I_ID`).
+    /// Whether any series was for this entity itself (for a GPU: not a child's).
     own_series: bool,
     holds: BTreeMap<HoldKey, Span>,
 }
@@ -578,81 +574,127 @@ impl Entity {
     }
 }
 
-/// A MIG instance's key under its GPU: numeric ids in numeric order.
+/// A child (MIG instance, partition) under its GPU: numeric ids in numeric order.
 type InstanceKey = (u64, String);
 
-#[derive(Debug, Default)]
-struct Gpu {
+#[derive(Debug)]
+struct Instance {
+    uuid: String,
+    label: (&'static str, String),
     entity: Entity,
-    instances: BTreeMap<InstanceKey, Entity>,
 }
 
-/// Map series to GPUs, MIG instances, samples and holds. Readings without a time are taken at
-/// `default_ts` (a scrape's observation time).
+#[derive(Debug)]
+struct Gpu {
+    profile: &'static Profile,
+    entity: Entity,
+    instances: BTreeMap<InstanceKey, Instance>,
+}
+
+/// Parse an exporter's `/metrics` text and map it ([`parse_text`] then [`map`]), the parse's
+/// problems first. Readings without a time are taken at `default_ts`.
+pub fn map_text(text: &str, default_ts: DateTime<Utc>) -> Mapped {
+    let parsed = parse_text(text);
+    let mut mapped = map(&parsed.series, default_ts);
+    mapped.problems.splice(0..0, parsed.problems);
+    mapped
+}
+
+/// The node each Gaudi exporter runs on, by its Prometheus `instance` (`""` for a scrape):
+/// its `habanalabs_kube_info` series names it in `node`.
+fn gaudi_nodes(series: &[Series]) -> BTreeMap<String, String> {
+    series
+        .iter()
+        .filter(|s| s.metric == families::GAUDI_KUBE_INFO)
+        .filter_map(|s| {
+            let node = families::known(&s.labels, "node")?;
+            Some((text(&s.labels, "instance").unwrap_or_default(), node))
+        })
+        .collect()
+}
+
+/// Map series to GPUs, MIG instances, partitions, samples and holds. Readings without a time
+/// are taken at `default_ts` (a scrape's observation time). Which exporters the series come
+/// from is read off the families present (see [`families::vendors_present`]): one answer may
+/// hold dcgm-exporter's, AMD's and the Gaudi exporter's series (a Prometheus scraping all three).
 pub fn map(series: &[Series], default_ts: DateTime<Utc>) -> Mapped {
     let mut problems = Problems::default();
+    let vendors = families::vendors_present(series.iter().map(|s| s.metric.as_str()));
+    let nodes = gaudi_nodes(series);
     let mut gpus: BTreeMap<String, Gpu> = BTreeMap::new();
-    let mut without_uuid = 0usize;
-    let mut bad_uuids = BTreeSet::new();
+    let mut unnamed: BTreeMap<Vendor, usize> = BTreeMap::new();
+    let mut bad = BTreeSet::new();
     for s in series {
-        if !s.metric.starts_with(FIELD_PREFIX) {
-            continue;
-        }
-        let Some(uuid) = text(&s.labels, "UUID") else {
-            without_uuid += 1;
+        let Some(vendor) = families::vendor_of(&s.metric).filter(|v| vendors.contains(v)) else {
             continue;
         };
-        if !gpu_uuid_ok(&uuid) {
-            if bad_uuids.insert(uuid.clone()) {
-                problems.push(if uuid.starts_with("MIG-") {
-                    format!(
-                        "UUID `{}` is a MIG instance without its GPU's UUID; its series are skipped",
-                        clip(&uuid)
-                    )
-                } else {
-                    format!(
-                        "UUID `{}` is not an NVIDIA `GPU-…` UUID; its series are skipped",
-                        clip(&uuid)
-                    )
-                });
+        let read = families::read_family(&s.metric);
+        let lowered;
+        let labels = if vendor == Vendor::Amd {
+            lowered = families::lower_case(&s.labels);
+            &lowered
+        } else {
+            &s.labels
+        };
+        let id = match vendor {
+            Vendor::Amd => families::amd(labels),
+            Vendor::Intel => {
+                if s.metric == families::GAUDI_KUBE_INFO {
+                    continue;
+                }
+                let target = text(labels, "instance").unwrap_or_default();
+                families::gaudi(labels, nodes.get(&target).map(String::as_str))
             }
-            continue;
-        }
-        let instance = match text(&s.labels, "GPU_I_ID") {
-            None => None,
-            Some(gi) if gi.len() <= 6 && gi.chars().all(|c| c.is_ascii_digit()) => {
-                Some((gi.parse::<u64>().unwrap_or(u64::MAX), gi))
+            Vendor::Nvidia | Vendor::Other => families::nvidia(labels),
+        };
+        let device = match id {
+            Id::Device(d) => *d,
+            Id::Unnamed => {
+                // dcgm-exporter always names its GPUs; the others' other families (link
+                // counters, node totals) may name nothing, and only read families count.
+                if vendor == Vendor::Nvidia || read.is_some() {
+                    *unnamed.entry(vendor).or_default() += 1;
+                }
+                continue;
             }
-            Some(gi) => {
-                if bad_uuids.insert(format!("{uuid}/{gi}")) {
-                    problems.push(format!(
-                        "GPU_I_ID `{}` on {uuid} is not a GPU instance number; its series are skipped",
-                        clip(&gi)
-                    ));
+            Id::Bad { key, problem } => {
+                if bad.insert(key) {
+                    problems.push(problem);
                 }
                 continue;
             }
         };
-        let gpu = gpus.entry(uuid).or_default();
-        gpu.entity.attrs.fill(&s.labels);
-        let entity = match instance {
+        let profile = families::profile(device.vendor);
+        let Device {
+            uuid, child, facts, ..
+        } = device;
+        let gpu = gpus.entry(uuid).or_insert_with(|| Gpu {
+            profile,
+            entity: Entity::default(),
+            instances: BTreeMap::new(),
+        });
+        gpu.entity.attrs.fill(&facts, None);
+        let entity = match child {
             None => {
                 gpu.entity.own_series = true;
                 &mut gpu.entity
             }
-            Some(key) => {
-                let e = gpu.instances.entry(key).or_default();
-                e.attrs.fill(&s.labels);
-                e
+            Some(c) => {
+                let inst = gpu.instances.entry(c.key).or_insert_with(|| Instance {
+                    uuid: c.uuid,
+                    label: c.label,
+                    entity: Entity::default(),
+                });
+                inst.entity.attrs.fill(&facts, c.profile.as_ref());
+                &mut inst.entity
             }
         };
-        let read = READ_METRICS.iter().find(|m| **m == s.metric).copied();
-        let holders = holders(&s.labels);
+        let holders = holders(labels, profile);
         for r in &s.values {
             let ts = r.ts.unwrap_or(default_ts);
             let slots = entity.readings.entry(ts).or_default();
-            if let Some(metric) = read {
-                slots.insert(metric, classify(metric, r));
+            if let Some((metric, v, unit)) = read {
+                slots.insert(metric, classify(metric, v, unit, r));
             }
             for (kind, workload, label) in &holders {
                 let e = entity
@@ -669,11 +711,26 @@ pub fn map(series: &[Series], default_ts: DateTime<Utc>) -> Mapped {
             }
         }
     }
-    let mut out = Mapped::default();
-    if gpus.is_empty() && without_uuid > 0 {
-        problems.push(format!(
-            "{without_uuid} DCGM series have no `UUID` label; dcgm-exporter always sets it"
-        ));
+    let mut out = Mapped {
+        vendors,
+        ..Mapped::default()
+    };
+    for (vendor, n) in unnamed {
+        let has_gpus = gpus.values().any(|g| g.profile.vendor == vendor);
+        match vendor {
+            Vendor::Nvidia if !has_gpus => problems.push(format!(
+                "{n} DCGM series have no `UUID` label; dcgm-exporter always sets it"
+            )),
+            Vendor::Amd => problems.push(format!(
+                "{n} AMD series name no GPU: `serial_number`, `gpu_uuid` and `hostname` with \
+                 `pci_bus_id` are all absent, empty, masked or N/A; they are skipped"
+            )),
+            Vendor::Intel => problems.push(format!(
+                "{n} Gaudi series name no device: `Serial`, `UUID` and a host with `bus_id` \
+                 are all absent, empty, masked or N/A; they are skipped"
+            )),
+            _ => {}
+        }
     }
     for (uuid, gpu) in &gpus {
         emit_gpu(&mut out, uuid, gpu);
@@ -687,31 +744,31 @@ fn emit_gpu(out: &mut Mapped, uuid: &str, gpu: &Gpu) {
     let newest = e
         .newest()
         .into_iter()
-        .chain(gpu.instances.values().filter_map(Entity::newest))
+        .chain(gpu.instances.values().filter_map(|i| i.entity.newest()))
         .max();
     let Some(newest) = newest else {
         return; // series without values: nothing was observed
     };
+    let profile = gpu.profile;
     let model = e.attrs.model.clone().unwrap_or_else(|| UNKNOWN.to_string());
-    let mut labels = BTreeMap::new();
-    if let Some(v) = &e.attrs.driver_version {
-        labels.insert("driver_version".to_string(), v.clone());
-    }
-    if let Some(v) = &e.attrs.gpu_index {
-        labels.insert("gpu_index".to_string(), v.clone());
-    }
+    let labels: BTreeMap<String, String> = e
+        .attrs
+        .labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     let latest = e.readings.values().next_back();
     out.gpus.push(PushGpu {
         account: None,
         uuid: uuid.to_string(),
         model: model.clone(),
-        memory_mib: latest.and_then(memory_mib),
+        memory_mib: latest.and_then(|s| memory_mib(s, profile)),
         host: e.attrs.host.clone(),
         cluster: e.attrs.cluster.clone(),
         cloud: None,
         region: None,
         instance_type: None,
-        serial: None,
+        serial: e.attrs.serial.clone(),
         pci_bus_id: e.attrs.pci_bus_id.clone(),
         mig_parent_uuid: None,
         mig_profile: None,
@@ -719,29 +776,38 @@ fn emit_gpu(out: &mut Mapped, uuid: &str, gpu: &Gpu) {
         observed_at: newest,
     });
     if e.own_series {
-        emit_readings(out, uuid, e, true);
+        emit_readings(out, uuid, e, true, profile);
     } else {
         for field in ["activity", "mem_used_mib", "power_w", "memory_mib"] {
             out.unknown.push(Unknown {
                 gpu_uuid: uuid.to_string(),
                 field,
                 kind: UnknownKind::OnlyMigSeries,
-                detail: "only MIG instance series: no value for the whole GPU".into(),
+                detail: profile.only_children.into(),
             });
         }
     }
-    for ((_, gi), inst) in &gpu.instances {
-        let Some(inst_newest) = inst.newest() else {
+    for inst in gpu.instances.values() {
+        let Some(inst_newest) = inst.entity.newest() else {
             continue;
         };
-        let mig_uuid = format!("MIG-{uuid}/{gi}");
+        // The GPU's labels, with what the child's own series say instead (a partition's
+        // `gpu_index`), and the child's number.
         let mut inst_labels = labels.clone();
-        inst_labels.insert("gpu_instance_id".to_string(), gi.clone());
+        for (k, v) in &inst.entity.attrs.labels {
+            inst_labels.insert(k.to_string(), v.clone());
+        }
+        inst_labels.insert(inst.label.0.to_string(), inst.label.1.clone());
         out.gpus.push(PushGpu {
             account: None,
-            uuid: mig_uuid.clone(),
+            uuid: inst.uuid.clone(),
             model: model.clone(),
-            memory_mib: inst.readings.values().next_back().and_then(memory_mib),
+            memory_mib: inst
+                .entity
+                .readings
+                .values()
+                .next_back()
+                .and_then(|s| memory_mib(s, profile)),
             host: e.attrs.host.clone(),
             cluster: e.attrs.cluster.clone(),
             cloud: None,
@@ -750,29 +816,47 @@ fn emit_gpu(out: &mut Mapped, uuid: &str, gpu: &Gpu) {
             serial: None,
             pci_bus_id: e.attrs.pci_bus_id.clone(),
             mig_parent_uuid: Some(uuid.to_string()),
-            mig_profile: inst.attrs.profile.clone(),
+            mig_profile: inst.entity.attrs.profile.clone(),
             labels: inst_labels,
             observed_at: inst_newest,
         });
-        emit_readings(out, &mig_uuid, inst, false);
+        emit_readings(out, &inst.uuid, &inst.entity, false, profile);
     }
 }
 
-/// Samples, unknowns and holds of one GPU or instance. `whole_gpu` is false for MIG instances:
-/// DCGM reports board power on instance series too, but it belongs to the whole GPU.
-fn emit_readings(out: &mut Mapped, uuid: &str, e: &Entity, whole_gpu: bool) {
+/// The first known value of `metrics` in `slots`, with the family it came from.
+fn first(
+    slots: &BTreeMap<&'static str, Slot>,
+    metrics: &[&'static str],
+) -> Option<(&'static str, f64)> {
+    metrics
+        .iter()
+        .find_map(|m| slots.get(m).and_then(Slot::known).map(|v| (*m, v)))
+}
+
+/// Samples, unknowns and holds of one GPU or child. `whole_gpu` is false for MIG instances and
+/// partitions: exporters report board power on their series too, but it belongs to the GPU.
+fn emit_readings(out: &mut Mapped, uuid: &str, e: &Entity, whole_gpu: bool, profile: &Profile) {
     for (ts, slots) in &e.readings {
-        let get = |m: &str| slots.get(m).and_then(Slot::known);
+        let util_pct = first(slots, profile.activity).map(|(m, v)| {
+            if families::read_family(m).is_some_and(|(_, _, u)| u == Unit::Ratio) {
+                // Rounded to 1e-6 so that 0.995687 reads 99.5687, not 99.56869999999999.
+                ((v * 1e8).round() / 1e6).clamp(0.0, 100.0)
+            } else {
+                v
+            }
+        });
         let sample = PushSample {
             gpu_uuid: uuid.to_string(),
             ts: *ts,
-            // Rounded to 1e-6 so that 0.995687 reads 99.5687, not 99.56869999999999.
-            util_pct: get(GR_ENGINE_ACTIVE)
-                .map(|r| ((r * 1e8).round() / 1e6).clamp(0.0, 100.0))
-                .or_else(|| get(GPU_UTIL)),
-            mem_used_mib: get(FB_USED),
-            power_w: if whole_gpu { get(POWER_USAGE) } else { None },
-            sm_active: get(SM_ACTIVE),
+            util_pct,
+            mem_used_mib: first(slots, profile.mem_used).map(|(_, v)| v),
+            power_w: if whole_gpu {
+                first(slots, profile.power).map(|(_, v)| v)
+            } else {
+                None
+            },
+            sm_active: first(slots, profile.sm_active).map(|(_, v)| v),
         };
         if sample.util_pct.is_some()
             || sample.sm_active.is_some()
@@ -783,24 +867,32 @@ fn emit_readings(out: &mut Mapped, uuid: &str, e: &Entity, whole_gpu: bool) {
         }
     }
     if let Some(slots) = e.readings.values().next_back() {
-        let mut fields: Vec<(&'static str, &[&'static str])> = vec![
-            ("activity", &[GR_ENGINE_ACTIVE, SM_ACTIVE, GPU_UTIL]),
-            ("mem_used_mib", &[FB_USED]),
+        let activity: Vec<&'static str> = profile
+            .activity
+            .iter()
+            .chain(profile.sm_active)
+            .copied()
+            .collect();
+        let mut fields: Vec<(&'static str, Vec<&'static str>, bool)> = vec![
+            ("activity", activity, false),
+            ("mem_used_mib", profile.mem_used.to_vec(), false),
         ];
         if whole_gpu {
-            fields.push(("power_w", &[POWER_USAGE]));
+            fields.push(("power_w", profile.power.to_vec(), false));
         }
-        fields.push(("memory_mib", &[FB_USED, FB_FREE]));
-        for (field, metrics) in fields {
-            let known: Vec<bool> = metrics
+        // Total memory from used + free needs both.
+        fields.push(match profile.memory {
+            Memory::UsedPlusFree { used, free, .. } => ("memory_mib", vec![used, free], true),
+            Memory::Total(totals) => ("memory_mib", totals.to_vec(), false),
+        });
+        for (field, metrics, all) in fields {
+            let mut known = metrics
                 .iter()
-                .map(|m| slots.get(m).and_then(Slot::known).is_some())
-                .collect();
-            // Activity needs one of its metrics; total memory needs both of its.
-            let is_known = if field == "memory_mib" {
-                known.iter().all(|k| *k)
+                .map(|m| slots.get(m).and_then(Slot::known).is_some());
+            let is_known = if all {
+                known.all(|k| k)
             } else {
-                known.iter().any(|k| *k)
+                known.any(|k| k)
             };
             if is_known {
                 continue;
@@ -842,63 +934,64 @@ fn emit_readings(out: &mut Mapped, uuid: &str, e: &Entity, whole_gpu: bool) {
     }
 }
 
-/// Total framebuffer: used + free (+ reserved where reported), when used and free are known.
-fn memory_mib(slots: &BTreeMap<&'static str, Slot>) -> Option<u64> {
+/// Total memory, MiB: DCGM's used + free (+ reserved where reported) when used and free are
+/// known; the others' first known total.
+fn memory_mib(slots: &BTreeMap<&'static str, Slot>, profile: &Profile) -> Option<u64> {
     let get = |m: &str| slots.get(m).and_then(Slot::known);
-    let total = get(FB_USED)? + get(FB_FREE)? + get(FB_RESERVED).unwrap_or(0.0);
+    let total = match profile.memory {
+        Memory::UsedPlusFree {
+            used,
+            free,
+            reserved,
+        } => get(used)? + get(free)? + get(reserved).unwrap_or(0.0),
+        Memory::Total(totals) => first(slots, totals)?.1,
+    };
     let total = total.round();
-    (1.0..=16.0 * 1024.0 * 1024.0)
-        .contains(&total)
-        .then_some(total as u64)
+    (1.0..=MAX_MIB).contains(&total).then_some(total as u64)
 }
 
-/// Check one reading of a read metric: sentinels and impossible values become unknown.
-fn classify(metric: &'static str, r: &Reading) -> Slot {
-    if let Some(s) = sentinel(&r.raw, r.value) {
+/// Check one reading of a read metric: sentinels and impossible values become unknown; the
+/// value is converted to gpuledger's unit.
+fn classify(metric: &'static str, vendor: Vendor, unit: Unit, r: &Reading) -> Slot {
+    let sentinel = match vendor {
+        Vendor::Nvidia => sentinel(&r.raw, r.value),
+        Vendor::Amd => amd_sentinel(r.value),
+        _ => None,
+    };
+    if let Some(s) = sentinel {
         return Slot::Unknown(
             UnknownKind::Sentinel,
             format!("{metric} = {}: {s}", clip(&r.raw)),
         );
     }
-    let v = r.value;
-    if !v.is_finite() {
+    if !r.value.is_finite() {
         return Slot::Unknown(
             UnknownKind::Invalid,
             format!("{metric} = {}: not a finite number", clip(&r.raw)),
         );
     }
-    let (lo, hi, hint) = match metric {
-        // Ratios: a hair over 1 is float noise, not a fault.
-        GR_ENGINE_ACTIVE | SM_ACTIVE => (0.0, 1.001, "0..=1"),
-        GPU_UTIL => (0.0, 100.0, "0..=100"),
-        POWER_USAGE => (0.0, 10_000.0, "0..=10000 W"),
-        _ => (0.0, 16.0 * 1024.0 * 1024.0, "0..=16777216 MiB"),
-    };
+    let v = unit.convert(r.value);
+    let (lo, hi, hint) = unit.range();
     if v < lo || v > hi {
         return Slot::Unknown(
             UnknownKind::Invalid,
             format!("{metric} = {}: outside {hint}", clip(&r.raw)),
         );
     }
-    Slot::Known(match metric {
-        GR_ENGINE_ACTIVE | SM_ACTIVE => v.min(1.0),
+    Slot::Known(match unit {
+        Unit::Ratio => v.min(1.0),
         _ => v,
     })
 }
 
-/// The label spellings of a pod across dcgm-exporter versions and Prometheus relabelling, in
-/// order of preference: Prometheus renames the exporter's `pod` to `exported_pod` when its own
-/// target label (the exporter's pod) would clash.
-const POD_SPELLINGS: [(&str, &str, &str); 3] = [
-    ("exported_pod", "exported_namespace", "exported_container"),
-    ("pod", "namespace", "container"),
-    ("pod_name", "pod_namespace", "container_name"),
-];
-
-/// Who held the GPU of a series, by its labels: a pod and/or an HPC job.
-fn holders(labels: &BTreeMap<String, String>) -> Vec<(AllocationKind, String, &'static str)> {
+/// Who held the GPU of a series, by its labels: a pod (in `profile`'s spellings) and/or an
+/// HPC job.
+fn holders(
+    labels: &BTreeMap<String, String>,
+    profile: &Profile,
+) -> Vec<(AllocationKind, String, &'static str)> {
     let mut out = Vec::new();
-    for (pod_label, ns_label, container_label) in POD_SPELLINGS {
+    for (pod_label, ns_label, container_label) in profile.pods {
         let Some(pod) = text(labels, pod_label) else {
             continue;
         };
@@ -917,61 +1010,14 @@ fn holders(labels: &BTreeMap<String, String>) -> Vec<(AllocationKind, String, &'
             None => pod,
         };
         if workload.len() <= MAX_TEXT_BYTES {
-            out.push((AllocationKind::Pod, workload, pod_label));
+            out.push((AllocationKind::Pod, workload, *pod_label));
         }
         break;
     }
-    if let Some(job) = text(labels, "hpc_job") {
-        out.push((AllocationKind::SlurmJob, job, "hpc_job"));
-    }
-    out
-}
-
-/// dcgm-exporter in Kubernetes names its pods after itself (`nvidia-dcgm-exporter-x2x9z` under
-/// the GPU Operator, `dcgm-exporter-…` from its Helm chart); older versions put that pod name
-/// in `Hostname`, which is then no host at all.
-fn is_exporter_pod(name: &str) -> bool {
-    name.starts_with("nvidia-dcgm-exporter-") || name.starts_with("dcgm-exporter-")
-}
-
-fn is_exporter_container(name: &str) -> bool {
-    name == "nvidia-dcgm-exporter" || name == "dcgm-exporter"
-}
-
-/// The GPU's host: `Hostname` (dcgm-exporter), `hostname` (some relabellings), then `node` or
-/// `kubernetes_node` (Prometheus relabelling), preferring any of them to an exporter pod's
-/// name. An exporter pod's name is kept only as a stand-in: a kubernetes source maps it to the
-/// node the pod runs on (a host alias), and the store then files the GPU under that node.
-fn host(labels: &BTreeMap<String, String>) -> Option<String> {
-    let names: Vec<String> = ["Hostname", "hostname", "node", "kubernetes_node"]
-        .iter()
-        .filter_map(|k| text(labels, k))
-        .collect();
-    names
-        .iter()
-        .find(|h| !is_exporter_pod(h))
-        .or(names.first())
-        .cloned()
-}
-
-/// A label's value when it is usable as text: not blank, at most 256 bytes.
-fn text(labels: &BTreeMap<String, String>, key: &str) -> Option<String> {
-    let v = labels.get(key)?.trim();
-    (!v.is_empty() && v.len() <= MAX_TEXT_BYTES).then(|| v.to_string())
-}
-
-/// An NVIDIA physical GPU UUID, short enough that `MIG-<uuid>/<gi>` still fits the contract.
-fn gpu_uuid_ok(uuid: &str) -> bool {
-    uuid.starts_with("GPU-")
-        && uuid.len() <= 116
-        && uuid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-}
-
-/// At most 80 characters of untrusted text for a message.
-fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(80).collect();
-    if out.len() < s.len() {
-        out.push('…');
+    if let Some(job_label) = profile.job {
+        if let Some(job) = text(labels, job_label) {
+            out.push((AllocationKind::SlurmJob, job, job_label));
+        }
     }
     out
 }
@@ -1116,26 +1162,35 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<BTreeMap<_, _>>()
         };
-        let h = holders(&labels(&[
-            ("pod", "nvidia-dcgm-exporter-x2x9z"),
-            ("namespace", "gpu-operator"),
-            ("exported_pod", "train-0"),
-            ("exported_namespace", "ml"),
-        ]));
+        let h = holders(
+            &labels(&[
+                ("pod", "nvidia-dcgm-exporter-x2x9z"),
+                ("namespace", "gpu-operator"),
+                ("exported_pod", "train-0"),
+                ("exported_namespace", "ml"),
+            ]),
+            &families::DCGM,
+        );
         assert_eq!(
             h,
             vec![(AllocationKind::Pod, "ml/train-0".into(), "exported_pod")]
         );
-        let h = holders(&labels(&[
-            ("pod", "nvidia-dcgm-exporter-x2x9z"),
-            ("namespace", "gpu-operator"),
-        ]));
+        let h = holders(
+            &labels(&[
+                ("pod", "nvidia-dcgm-exporter-x2x9z"),
+                ("namespace", "gpu-operator"),
+            ]),
+            &families::DCGM,
+        );
         assert!(h.is_empty());
-        let h = holders(&labels(&[
-            ("pod_name", "legacy-0"),
-            ("pod_namespace", "old"),
-            ("hpc_job", "4242"),
-        ]));
+        let h = holders(
+            &labels(&[
+                ("pod_name", "legacy-0"),
+                ("pod_namespace", "old"),
+                ("hpc_job", "4242"),
+            ]),
+            &families::DCGM,
+        );
         assert_eq!(
             h,
             vec![
@@ -1143,7 +1198,7 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a",modelName="Tesla T4",Hostname="node-1"}
                 (AllocationKind::SlurmJob, "4242".into(), "hpc_job"),
             ]
         );
-        assert!(holders(&labels(&[("pod", ""), ("namespace", "")])).is_empty());
+        assert!(holders(&labels(&[("pod", ""), ("namespace", "")]), &families::DCGM).is_empty());
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The `kubernetes` collector: GPU nodes (counts, models, MIG, time-slicing, where they run)
-//! and the pods that hold GPUs ("who used which GPU when"), read from one cluster's API server
-//! with a read-only ServiceAccount or kubeconfig.
+//! The `kubernetes` collector: GPU nodes (counts, models, MIG, time-slicing, where they run;
+//! NVIDIA's, AMD's `amd.com/gpu` and Intel Gaudi's `habana.ai/gaudi`) and the pods that hold
+//! GPUs ("who used which GPU when"), read from one cluster's API server with a read-only
+//! ServiceAccount or kubeconfig.
 //!
 //! It lists nodes, pods and namespaces once, then keeps them current with watches (kube-rs
 //! reflectors: relist on 410 Gone, back off on errors); each run reads the cached objects and
@@ -630,6 +631,10 @@ impl KubernetesCollector {
                         let mut l = g.labels.clone();
                         if let Some(id) = &g.instance_id {
                             l.insert("instance_id".into(), id.clone());
+                        }
+                        // Placeholder GPUs have no identity whose prefix names the vendor.
+                        if let Some(v) = g.vendor {
+                            l.insert("vendor".into(), v.as_str().into());
                         }
                         l
                     },

@@ -1,11 +1,12 @@
 //! Kubernetes objects to gpuledger facts, with no IO: a node's physical GPUs (capacity, GPU
-//! Feature Discovery labels, MIG and sharing), where it runs (instance type, zone, provider
-//! ID), and which pods hold GPUs, from when to when, for whom.
+//! Feature Discovery labels, MIG and sharing; AMD's and Intel Gaudi's device plugin
+//! resources), where it runs (instance type, zone, provider ID), and which pods hold GPUs,
+//! from when to when, for whom.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use gpuledger_model::{Cloud, WorkloadContext};
+use gpuledger_model::{Cloud, Vendor, WorkloadContext};
 use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -13,6 +14,18 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// MIG resources in the mixed strategy: `nvidia.com/mig-1g.5gb`.
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// AMD's device plugin resource: one GPU, or one compute partition of a partitioned GPU.
+pub const AMD_GPU_RESOURCE: &str = "amd.com/gpu";
+/// Intel's Gaudi device plugin resource: one Gaudi.
+pub const GAUDI_RESOURCE: &str = "habana.ai/gaudi";
+/// The whole-device resources of the other vendors' device plugins, counted like
+/// [`GPU_RESOURCE`] on a node that has no NVIDIA GPUs.
+pub const OTHER_RESOURCES: [(&str, Vendor); 2] = [
+    (AMD_GPU_RESOURCE, Vendor::Amd),
+    (GAUDI_RESOURCE, Vendor::Intel),
+];
+/// Every resource that is one whole device to a pod.
+const WHOLE_DEVICE_RESOURCES: [&str; 3] = [GPU_RESOURCE, AMD_GPU_RESOURCE, GAUDI_RESOURCE];
 
 /// Longest text kept from a label or annotation (the push contract's limit).
 const MAX_TEXT: usize = 256;
@@ -23,6 +36,9 @@ const MAX_LABELS: usize = 64;
 const SYSTEM_LABEL_PREFIXES: &[&str] = &[
     "feature.node.kubernetes.io/",
     "nvidia.com/",
+    "amd.com/",
+    "beta.amd.com/",
+    "habana.ai/",
     "kubernetes.io/",
     "beta.kubernetes.io/",
     "node.kubernetes.io/",
@@ -41,6 +57,9 @@ const SYSTEM_LABEL_PREFIXES: &[&str] = &[
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeGpus {
     pub node: String,
+    /// Whose GPUs they are: NVIDIA's (GFD labels, `nvidia.com/gpu`), else the vendor whose
+    /// device plugin resource the node advertises (`amd.com/gpu`, `habana.ai/gaudi`).
+    pub vendor: Option<Vendor>,
     /// Physical GPUs: GFD's `gpu.count`, else capacity ÷ time-slicing replicas. MIG instances
     /// and replicas never add GPUs.
     pub physical: u32,
@@ -56,7 +75,8 @@ pub struct NodeGpus {
     pub sharing: Option<String>,
     /// Pods that may share one GPU (1 without sharing).
     pub replicas: u32,
-    /// `nvidia.com/gpu` capacity and allocatable, as the device plugin advertises them.
+    /// The counted resource's capacity and allocatable (`nvidia.com/gpu`, else `amd.com/gpu`
+    /// or `habana.ai/gaudi`), as the device plugin advertises them.
     pub gpu_capacity: Option<u64>,
     pub gpu_allocatable: Option<u64>,
     pub instance_type: Option<String>,
@@ -81,7 +101,8 @@ pub struct PodGpus {
     pub namespace: String,
     pub name: String,
     pub node: Option<String>,
-    /// Whole GPUs requested (`nvidia.com/gpu`; replicas on a time-sliced node).
+    /// Whole GPUs requested (`nvidia.com/gpu`, `amd.com/gpu`, `habana.ai/gaudi`; replicas on a
+    /// time-sliced node).
     pub gpus: u32,
     /// MIG instances requested per profile.
     pub mig: BTreeMap<String, u32>,
@@ -311,6 +332,38 @@ pub fn node_gpus(node: &Node) -> Option<NodeGpus> {
         (None, None) => 0,
     }
     .min(u32::MAX as u64) as u32;
+    let others: Vec<(&str, Vendor, Option<u64>, Option<u64>)> = OTHER_RESOURCES
+        .iter()
+        .filter_map(|(r, v)| {
+            let q = capacity.and_then(|m| m.get(*r))?;
+            if count(q).is_none() {
+                problems.push(format!(
+                    "node {}: status.capacity.{r}: `{}` is not a whole number",
+                    out.node, q.0
+                ));
+            }
+            Some((*r, *v, count(q), resource(allocatable, r)))
+        })
+        .collect();
+    if out.physical > 0 || !out.mig_profiles.is_empty() {
+        out.vendor = Some(Vendor::Nvidia);
+        for (r, ..) in others.iter().filter(|o| o.2.is_some_and(|n| n > 0)) {
+            problems.push(format!(
+                "node {}: advertises {r} besides {GPU_RESOURCE}; only the NVIDIA GPUs are \
+                 counted for its GPU pool",
+                out.node
+            ));
+        }
+    } else if let Some((_, vendor, Some(n), allocatable)) =
+        others.into_iter().find(|o| o.2.is_some_and(|n| n > 0))
+    {
+        // AMD's and Intel's device plugins: one resource unit per device (per compute
+        // partition on a partitioned AMD GPU), no sharing or MIG labels.
+        out.vendor = Some(vendor);
+        out.physical = n.min(u32::MAX as u64) as u32;
+        out.gpu_capacity = Some(n);
+        out.gpu_allocatable = allocatable;
+    }
     if out.physical == 0 && out.mig_profiles.is_empty() {
         return None;
     }
@@ -345,7 +398,8 @@ pub fn node_gpus(node: &Node) -> Option<NodeGpus> {
         out.region = out.zone.as_deref().and_then(region_of_zone);
     }
     for (k, v) in &labels {
-        if out.labels.len() >= MAX_LABELS {
+        // Room for the two the collector adds to a host's labels: `instance_id`, `vendor`.
+        if out.labels.len() >= MAX_LABELS - 2 {
             break;
         }
         if SYSTEM_LABEL_PREFIXES.iter().any(|p| k.starts_with(p)) || k.len() > MAX_TEXT {
@@ -371,7 +425,7 @@ fn container_devices(c: &Container) -> BTreeMap<String, u64> {
     .flatten()
     {
         for (k, q) in map {
-            if k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX) {
+            if WHOLE_DEVICE_RESOURCES.contains(&k.as_str()) || k.starts_with(MIG_RESOURCE_PREFIX) {
                 if let Some(n) = count(q) {
                     out.entry(k.clone()).or_insert(n);
                 }
@@ -410,7 +464,11 @@ pub fn pod_gpus(pod: &Pod) -> Option<PodGpus> {
         namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
         name: meta.name.clone()?,
         node: spec.node_name.clone(),
-        gpus: devices.get(GPU_RESOURCE).copied().unwrap_or(0) as u32,
+        gpus: WHOLE_DEVICE_RESOURCES
+            .iter()
+            .filter_map(|r| devices.get(*r))
+            .fold(0u64, |a, n| a.saturating_add(*n))
+            .min(u64::from(u32::MAX)) as u32,
         ..Default::default()
     };
     for (k, n) in &devices {
@@ -683,6 +741,58 @@ mod tests {
             "{:?}",
             g.problems
         );
+    }
+
+    #[test]
+    fn amd_and_gaudi_device_plugin_resources_are_counted_like_nvidias() {
+        let n = node(serde_json::json!({
+            "metadata": {"name": "mi300x-1", "labels": {
+                "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "team": "llm"}},
+            "status": {"capacity": {"amd.com/gpu": "8"}, "allocatable": {"amd.com/gpu": "7"}}
+        }));
+        let g = node_gpus(&n).unwrap();
+        assert_eq!(g.vendor, Some(Vendor::Amd));
+        assert_eq!(
+            (g.physical, g.gpu_capacity, g.gpu_allocatable),
+            (8, Some(8), Some(7))
+        );
+        assert_eq!(g.model, None);
+        assert_eq!(
+            g.labels.len(),
+            1,
+            "amd.com/ labels are system labels: {:?}",
+            g.labels
+        );
+        let n = node(serde_json::json!({
+            "metadata": {"name": "gaudi-1"},
+            "status": {"capacity": {"habana.ai/gaudi": "8"}}
+        }));
+        assert_eq!(node_gpus(&n).unwrap().vendor, Some(Vendor::Intel));
+        // NVIDIA's count wins on a node with both, and the other is named.
+        let n = node(serde_json::json!({
+            "metadata": {"name": "both", "labels": {"nvidia.com/gpu.count": "2"}},
+            "status": {"capacity": {"nvidia.com/gpu": "2", "amd.com/gpu": "1"}}
+        }));
+        let g = node_gpus(&n).unwrap();
+        assert_eq!((g.vendor, g.physical), (Some(Vendor::Nvidia), 2));
+        assert!(
+            g.problems[0].contains("advertises amd.com/gpu"),
+            "{:?}",
+            g.problems
+        );
+        let n = node(serde_json::json!({
+            "metadata": {"name": "odd"},
+            "status": {"capacity": {"amd.com/gpu": "1k"}}
+        }));
+        assert!(node_gpus(&n).is_none());
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0", "namespace": "llm"},
+            "spec": {"nodeName": "mi300x-1", "containers": [
+                {"name": "a", "resources": {"limits": {"amd.com/gpu": "2"}}},
+                {"name": "b", "resources": {"requests": {"habana.ai/gaudi": "1"}}}]}
+        }))
+        .unwrap();
+        assert_eq!(pod_gpus(&p).unwrap().slots(), 3);
     }
 
     #[test]
