@@ -121,6 +121,29 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
+        if !filters.by_owner() {
+            // Neither team nor environment filtered: the rows need no owner period, only the
+            // GPUs the filters select (physical ones), looked up once.
+            let (binds_at, union) = crate::query::unowned_window_rows(window, now);
+            let (clause, binds) = filters.clause(8);
+            let sql = format!(
+                "WITH {SPLIT_DAYS} \
+                 SELECT u.t AS t, COUNT(DISTINCT u.gpu_id) AS gpus, \
+                 CAST(SUM(u.present) AS BIGINT) AS present, \
+                 CAST(SUM(u.known - u.idle) AS BIGINT) AS busy, CAST(SUM(u.idle) AS BIGINT) AS idle, \
+                 CAST(SUM(u.known) AS BIGINT) AS known, CAST(SUM(u.alloc) AS BIGINT) AS alloc, \
+                 CAST(SUM(u.act) AS DOUBLE PRECISION) AS act \
+                 FROM ({union}) u WHERE u.gpu_id IN (\
+                   SELECT g.id FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}) \
+                 GROUP BY u.t ORDER BY u.t"
+            );
+            return self
+                .fetch_window_rows(&sql, binds_at, binds)
+                .await?
+                .iter()
+                .map(point)
+                .collect();
+        }
         let (binds_at, union) = crate::query::window_rows(window, now);
         let (clause, binds) = filters.clause_with(8, "o");
         let sql = format!(

@@ -598,22 +598,43 @@ pub(crate) const SPLIT_DAYS: &str = "split AS (\
 /// add up to the summary's figures. Binds `$1..$6` (returned, in order) and `$7`, the idle
 /// threshold; needs the [`SPLIT_DAYS`] CTE.
 pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
+    window_rows_of(window, now, true)
+}
+
+/// [`window_rows`] without the owner period (`o_from` is 0): the same rows, for sums that
+/// neither group nor filter by owner. A GPU's owner periods cover all its time (owners.rs keeps
+/// them contiguous from its first), so no row is lost by not joining them; reading each row's
+/// period is most of the cost of these rows.
+pub(crate) fn unowned_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
+    window_rows_of(window, now, false)
+}
+
+fn window_rows_of(window: Window, now: DateTime<Utc>, owned: bool) -> ([i64; 6], String) {
     let (lo, hi) = window.hours(now.timestamp());
     let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
     // The hours are read first, by the window's range (or a split day's), then their owner
     // period: CROSS JOIN fixes that order on SQLite (PostgreSQL plans it freely), and
     // `+h.hour` keeps the period from bounding the hours instead (SQLite would then read
     // every hour of the period and filter).
+    let (o_from, owner) = if owned {
+        ("o.from_ts", " CROSS JOIN gpu_owners o")
+    } else {
+        ("0", "")
+    };
     let hours = |from: &str, range: &str| {
+        let period = if owned {
+            " AND o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour AND o.to_ts > +h.hour"
+        } else {
+            ""
+        };
         format!(
-            "SELECT h.gpu_id, o.from_ts AS o_from, (h.hour / 86400) * 86400, 1, \
+            "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400, 1, \
              CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
              CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
              CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
              CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
              CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
-             FROM {from} CROSS JOIN gpu_owners o WHERE {range} AND o.gpu_id = h.gpu_id \
-             AND o.from_ts <= +h.hour AND o.to_ts > +h.hour"
+             FROM {from}{owner} WHERE {range}{period}"
         )
     };
     let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
@@ -623,13 +644,17 @@ pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], Stri
         "s.day >= $1 AND s.day < $2 AND h.gpu_id = s.gpu_id AND h.hour >= s.day \
          AND h.hour < s.day + 86400",
     );
+    let day_period = if owned {
+        " JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts <= d.day AND o.to_ts > d.day"
+    } else {
+        ""
+    };
     let union = format!(
-        "SELECT d.gpu_id, o.from_ts AS o_from, d.day AS t, d.present_hours AS present, \
+        "SELECT d.gpu_id, {o_from} AS o_from, d.day AS t, d.present_hours AS present, \
          d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
          d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
          d.billed_hours AS b_hours, d.billed_usd AS b_usd \
-         FROM gpu_days d JOIN gpu_owners o ON o.gpu_id = d.gpu_id \
-         AND o.from_ts <= d.day AND o.to_ts > d.day \
+         FROM gpu_days d{day_period} \
          WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
            SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
          UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}"

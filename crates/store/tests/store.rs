@@ -2129,6 +2129,48 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
         ("2026-11-27T05:00:00Z", "2026-11-27T09:00:00Z"),
     ] {
         let w = hours_window(from, to);
+        // The daily trend without an owner filter reads no owner period; with every team
+        // of the window named it reads each row's period. Both must give the same points,
+        // split days (the change of owner mid-day) included, and add up to the summary.
+        let summary = store
+            .summary(w, &Filters::default(), GroupBy::Team, now())
+            .await
+            .unwrap();
+        let every_team = Filters {
+            team: summary.groups.iter().map(|g| g.key.clone()).collect(),
+            ..Default::default()
+        };
+        let unowned = store
+            .series(w, &Filters::default(), true, now())
+            .await
+            .unwrap();
+        let owned = store.series(w, &every_team, true, now()).await.unwrap();
+        let counts = |p: &gpuledger_store::SeriesPoint| {
+            (
+                p.start,
+                p.gpus,
+                p.gpu_hours,
+                p.busy_hours,
+                p.idle_hours,
+                p.known_hours,
+                p.allocated_hours,
+            )
+        };
+        assert_eq!(unowned.len(), owned.len(), "{from}–{to}");
+        for (a, b) in unowned.iter().zip(&owned) {
+            assert_eq!(counts(a), counts(b), "{from}–{to}");
+            assert!((a.activity_sum - b.activity_sum).abs() < 1e-6, "{from}–{to}");
+        }
+        assert_eq!(
+            unowned.iter().map(|p| p.gpu_hours).sum::<i64>(),
+            summary.total.gpu_hours,
+            "{from}–{to}"
+        );
+        assert_eq!(
+            unowned.iter().map(|p| p.idle_hours).sum::<i64>(),
+            summary.total.idle_hours,
+            "{from}–{to}"
+        );
         let fast = store
             .used_by_cost(w, &Filters::default(), now())
             .await
