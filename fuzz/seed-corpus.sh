@@ -13,7 +13,7 @@ if [ ! -d "$fixtures/nvidia-smi" ] || [ ! -d "$fixtures/dcgm" ]; then
     exit 1
 fi
 corpus="$fuzz/corpus"
-mkdir -p "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers}
+mkdir -p "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers,agent_amd,agent_hl_smi}
 
 # nvidia-smi -q -x, as is.
 cp "$fixtures"/nvidia-smi/*.xml "$corpus/agent_smi_xml/"
@@ -62,6 +62,9 @@ reply 502 '<html><body>Bad Gateway</body></html>' proxy-page
 
 # dcgm-exporter /metrics scrapes, as is, and the same series as Prometheus API answers: a
 # vector (/api/v1/query) and a three-step matrix (/api/v1/query_range).
+# rocm-smi --json as is (the agent_amd input starts with it), and Gaudi hl-smi tables as is.
+cp "$fixtures"/amd/*.json "$corpus/agent_amd/"
+cp "$fixtures"/gaudi/* "$corpus/agent_hl_smi/"
 cp "$fixtures"/dcgm/*.prom "$corpus/dcgm_scrape/"
 # AMD's device-metrics-exporter (recorded) and the written AMD and Gaudi expositions.
 cp "$fixtures"/amd/*.prom "$corpus/dcgm_scrape/"
@@ -108,6 +111,6 @@ src, dst = pathlib.Path(sys.argv[1]).read_text(), pathlib.Path(sys.argv[2])
 (dst / "ec2-instances.xml").write_text(re.search(r'const INSTANCES: &str = r#"(.*?)"#;', src, re.S).group(1))
 PY
 
-for d in "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers}; do
+for d in "$corpus"/{agent_smi_xml,agent_smi_csv,agent_smi_list,agent_procs,agent_ingest_reply,dcgm_scrape,dcgm_prometheus_api,slurm_parse,cloud_answers,agent_amd,agent_hl_smi}; do
     echo "$(basename "$d"): $(find "$d" -type f | wc -l) files, $(du -sk "$d" | cut -f1) KiB"
 done

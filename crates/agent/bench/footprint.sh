@@ -2,10 +2,12 @@
 # Footprint of the release gpuledger-agent reporting 8 GPUs: memory (VmRSS, VmHWM) and CPU time
 # from /proc, over a run of DURATION_SECS at INTERVAL_SECS.
 #
-#   crates/agent/bench/footprint.sh [INTERVAL_SECS=60] [DURATION_SECS=600]
+#   crates/agent/bench/footprint.sh [INTERVAL_SECS=60] [DURATION_SECS=600] [VENDOR=nvidia]
 #
 # The GPUs come from a fake nvidia-smi that prints the corpus Tesla T4 `-q -x` file repeated as
 # 8 GPUs with distinct UUIDs (generated into a temporary directory here; nothing is committed).
+# VENDOR=amd: a fake rocm-smi printing the corpus 6 x MI100 file (no nvidia-smi, no amd-smi);
+# VENDOR=gaudi: a fake hl-smi printing the corpus 8 x Gaudi 2 table (its -Q query refused).
 # The agent sends to a small local HTTP sink that answers like gpuledger's ingest, so only the
 # agent is measured. Needs: cargo, python3, the corpus ($GPULEDGER_CORPUS or ../shared/fixtures).
 # A benchmark, not a test: it prints figures and asserts nothing.
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/../../.."
 
 interval=${1:-60}
 duration=${2:-600}
+vendor=${3:-nvidia}
 corpus=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 xml=$corpus/nvidia-smi/tesla-t4.xml
 [ -f "$xml" ] || { echo "corpus file $xml not found; set GPULEDGER_CORPUS" >&2; exit 1; }
@@ -47,13 +50,42 @@ open(sys.argv[2], 'w').write(''.join(out))
 PY
 
 mkdir -p "$work/bin"
-cat > "$work/bin/nvidia-smi" <<EOF
+case "$vendor" in
+nvidia)
+  cat > "$work/bin/nvidia-smi" <<EOF
 #!/bin/sh
 [ "\$1" = -q ] || exit 9
 echo read >> "$work/reads"
 exec cat "$work/8gpu.xml"
 EOF
-chmod +x "$work/bin/nvidia-smi"
+  chmod +x "$work/bin/nvidia-smi"
+  gpus=8
+  tool=nvidia-smi
+  ;;
+amd)
+  cat > "$work/bin/rocm-smi" <<EOF
+#!/bin/sh
+case "\$*" in *--showpidgpus*) echo '{}'; exit 0 ;; esac
+echo read >> "$work/reads"
+exec cat "$corpus/amd/rocm-smi-json-mi100-x6-rocm571-leading-blank-line.json"
+EOF
+  chmod +x "$work/bin/rocm-smi"
+  gpus=6
+  tool=rocm-smi
+  ;;
+gaudi)
+  cat > "$work/bin/hl-smi" <<EOF
+#!/bin/sh
+case "\$1" in -Q*) echo "unknown option \$1" >&2; exit 2 ;; esac
+echo read >> "$work/reads"
+exec cat "$corpus/gaudi/hl-smi-table-8x-gaudi2-hl225-1.20.0-busy-with-process-row.txt"
+EOF
+  chmod +x "$work/bin/hl-smi"
+  gpus=8
+  tool=hl-smi
+  ;;
+*) echo "VENDOR is nvidia, amd or gaudi, not $vendor" >&2; exit 2 ;;
+esac
 
 # A sink that answers 200 like the ingest endpoint and counts requests and bytes.
 python3 crates/agent/bench/sink.py "$work" &
@@ -96,12 +128,12 @@ hz = $hz
 agent_cpu = ($utime + $stime) / hz
 child_cpu = ($cutime + $cstime) / hz
 reads = $reads
-print(f"gpuledger-agent footprint, 8 GPUs, interval $interval s, {elapsed:.0f} s wall, {reads} reads, $posts pushes, $bytes bytes sent")
+print(f"gpuledger-agent footprint, $gpus GPUs ($vendor, through $tool), interval $interval s, {elapsed:.0f} s wall, {reads} reads, $posts pushes, $bytes bytes sent")
 print(f"  binary size             {__import__('os').path.getsize('$bin') / 2**20:.1f} MiB")
 print(f"  RSS now / peak (VmHWM)  {$rss_kib / 1024:.1f} MiB / {$hwm_kib / 1024:.1f} MiB (max sampled VmRSS {$max_rss / 1024:.1f} MiB)")
 print(f"  of which heap/stack     {$anon_kib / 1024:.1f} MiB (RssAnon); mapped binary and libraries {$file_kib / 1024:.1f} MiB (RssFile)")
 print(f"  agent CPU               {agent_cpu:.2f} s = {100 * agent_cpu / elapsed:.4f} % of one core")
-print(f"  nvidia-smi children CPU {child_cpu:.2f} s (the fake prints a file; a real nvidia-smi costs more, NVML none)")
+print(f"  $tool children CPU {child_cpu:.2f} s (the fake prints a file; the real tool costs more, NVML none)")
 if reads:
     per_read = agent_cpu / reads
     print(f"  agent CPU per read      {1000 * per_read:.2f} ms -> {100 * per_read / 60:.4f} % of one core at a 60 s interval")

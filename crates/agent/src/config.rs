@@ -7,7 +7,11 @@
 //! token_file = "/etc/gpuledger-agent/token"
 //! interval_secs = 60
 //! inventory_secs = 600
-//! source = "auto"            # auto | nvml | smi-xml | smi-csv
+//! source = "auto"            # auto | nvml | smi-xml | smi-csv | amd-smi | rocm-smi | hl-smi
+//! nvidia_smi = "/usr/bin/nvidia-smi"   # the vendors' tools, where not on PATH
+//! amd_smi = "/opt/rocm/bin/amd-smi"
+//! rocm_smi = "/opt/rocm/bin/rocm-smi"
+//! hl_smi = "/usr/bin/hl-smi"
 //! buffer_dir = "/var/lib/gpuledger-agent"
 //! buffer_max_mib = 64
 //! cluster = "rdu-ocp-1"
@@ -58,12 +62,23 @@ pub struct AgentArgs {
     /// Print the JSON bodies instead of sending them; nothing is written to disk.
     #[arg(long)]
     pub dry_run: bool,
-    /// How to read GPUs [default: auto = NVML, then nvidia-smi -q -x, then nvidia-smi CSV].
+    /// How to read GPUs [default: auto = every vendor present: NVIDIA through NVML, then
+    /// nvidia-smi -q -x, then nvidia-smi CSV; AMD through amd-smi, then rocm-smi; Intel Gaudi
+    /// through hl-smi].
     #[arg(long, value_enum)]
     pub source: Option<SourceKind>,
     /// The nvidia-smi program [default: nvidia-smi on PATH].
     #[arg(long)]
     pub nvidia_smi: Option<PathBuf>,
+    /// The amd-smi program [default: amd-smi on PATH].
+    #[arg(long)]
+    pub amd_smi: Option<PathBuf>,
+    /// The rocm-smi program [default: rocm-smi on PATH].
+    #[arg(long)]
+    pub rocm_smi: Option<PathBuf>,
+    /// The hl-smi program (Intel Gaudi) [default: hl-smi on PATH].
+    #[arg(long)]
+    pub hl_smi: Option<PathBuf>,
     /// Directory of the disk buffer [default: $STATE_DIRECTORY or /var/lib/gpuledger-agent].
     #[arg(long, env = "GPULEDGER_BUFFER_DIR")]
     pub buffer_dir: Option<PathBuf>,
@@ -120,6 +135,9 @@ pub struct Settings {
     pub dry_run: bool,
     pub source: SourceKind,
     pub nvidia_smi: PathBuf,
+    pub amd_smi: PathBuf,
+    pub rocm_smi: PathBuf,
+    pub hl_smi: PathBuf,
     pub buffer_dir: PathBuf,
     pub buffer_max_bytes: u64,
     pub host: HostInfo,
@@ -142,6 +160,9 @@ struct FileValues {
     inventory_secs: Option<u64>,
     source: Option<SourceKind>,
     nvidia_smi: Option<PathBuf>,
+    amd_smi: Option<PathBuf>,
+    rocm_smi: Option<PathBuf>,
+    hl_smi: Option<PathBuf>,
     buffer_dir: Option<PathBuf>,
     buffer_max_mib: Option<u64>,
     host: Option<String>,
@@ -167,6 +188,9 @@ const KEYS: &[&str] = &[
     "inventory_secs",
     "source",
     "nvidia_smi",
+    "amd_smi",
+    "rocm_smi",
+    "hl_smi",
     "buffer_dir",
     "buffer_max_mib",
     "host",
@@ -216,10 +240,17 @@ fn parse_file(text: &str, path: &Path) -> anyhow::Result<FileValues> {
             "source" => {
                 let s = string()?;
                 v.source = Some(SourceKind::parse(&s).with_context(|| {
-                    format!("{where_}: `source` must be auto, nvml, smi-xml or smi-csv, got `{s}`")
+                    let kinds: Vec<&str> = SourceKind::ALL.iter().map(|k| k.as_str()).collect();
+                    format!(
+                        "{where_}: `source` must be one of {}, got `{s}`",
+                        kinds.join(", ")
+                    )
                 })?)
             }
             "nvidia_smi" => v.nvidia_smi = Some(string()?.into()),
+            "amd_smi" => v.amd_smi = Some(string()?.into()),
+            "rocm_smi" => v.rocm_smi = Some(string()?.into()),
+            "hl_smi" => v.hl_smi = Some(string()?.into()),
             "buffer_dir" => v.buffer_dir = Some(string()?.into()),
             "buffer_max_mib" => v.buffer_max_mib = Some(integer()?),
             "host" => v.host = Some(string()?),
@@ -356,6 +387,21 @@ impl Settings {
                 .clone()
                 .or(file.nvidia_smi)
                 .unwrap_or_else(|| PathBuf::from("nvidia-smi")),
+            amd_smi: args
+                .amd_smi
+                .clone()
+                .or(file.amd_smi)
+                .unwrap_or_else(|| PathBuf::from("amd-smi")),
+            rocm_smi: args
+                .rocm_smi
+                .clone()
+                .or(file.rocm_smi)
+                .unwrap_or_else(|| PathBuf::from("rocm-smi")),
+            hl_smi: args
+                .hl_smi
+                .clone()
+                .or(file.hl_smi)
+                .unwrap_or_else(|| PathBuf::from("hl-smi")),
             buffer_dir,
             buffer_max_bytes: buffer_max_mib.saturating_mul(1024 * 1024),
             host: HostInfo {
@@ -410,12 +456,14 @@ mod tests {
         let cfg = write(
             "ok.toml",
             "server = \"http://file\"\ntoken = \"t-file\"\ninterval_secs = 30\ncloud = \"aws\"\n\
-             processes = false\n[labels]\nteam = \"nlp\"\n",
+             processes = false\nsource = \"rocm-smi\"\nrocm_smi = \"/opt/rocm/bin/rocm-smi\"\n\
+             hl_smi = \"/usr/bin/hl-smi\"\n[labels]\nteam = \"nlp\"\n",
         );
         let args = AgentArgs {
             config: Some(cfg.clone()),
             server: Some("http://flag".into()),
             labels: vec!["env=prod".into()],
+            hl_smi: Some("/flag/hl-smi".into()),
             ..Default::default()
         };
         let s = Settings::resolve(&args).unwrap();
@@ -428,6 +476,11 @@ mod tests {
         assert_eq!(s.host.labels["env"], "prod");
         assert!(!s.processes);
         assert_eq!(s.buffer_max_bytes, 64 * 1024 * 1024);
+        assert_eq!(s.source, SourceKind::RocmSmi);
+        assert_eq!(s.rocm_smi, PathBuf::from("/opt/rocm/bin/rocm-smi"));
+        assert_eq!(s.hl_smi, PathBuf::from("/flag/hl-smi"));
+        assert_eq!(s.amd_smi, PathBuf::from("amd-smi"));
+        assert_eq!(s.nvidia_smi, PathBuf::from("nvidia-smi"));
         let _ = std::fs::remove_file(cfg);
     }
 
@@ -442,6 +495,18 @@ mod tests {
         .unwrap_err();
         assert!(
             err.to_string().contains("unknown key `intervall_secs`"),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(cfg);
+        let cfg = write("kind.toml", "source = \"rocm\"\n");
+        let err = Settings::resolve(&AgentArgs {
+            config: Some(cfg.clone()),
+            dry_run: true,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("amd-smi, rocm-smi, hl-smi"),
             "{err}"
         );
         let _ = std::fs::remove_file(cfg);

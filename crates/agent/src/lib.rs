@@ -1,6 +1,7 @@
-//! gpuledger's node agent: reads the GPUs of one host (NVML, or `nvidia-smi` when NVML is not
-//! usable) and pushes inventory, samples and process allocations to a gpuledger server over the
-//! push API v1, buffering on disk whatever the server has not acknowledged.
+//! gpuledger's node agent: reads the GPUs of one host (NVIDIA through NVML or `nvidia-smi`, AMD
+//! through `amd-smi` or `rocm-smi`, Intel Gaudi through `hl-smi`) and pushes inventory, samples
+//! and process allocations to a gpuledger server over the push API v1, buffering on disk
+//! whatever the server has not acknowledged.
 //!
 //! It is built to be obviously harmless: read-only on the GPU, outbound HTTPS only, one thread,
 //! a few MiB of memory, and every byte it would send printable with `--once --dry-run`.
@@ -33,7 +34,7 @@ use buffer::Queue;
 use procs::ProcReader;
 use report::{NoProcs, OpenAllocation, ProcLookup, Reporter};
 use send::{Backoff, Outcome, Sender};
-use source::{smi::Smi, Reader};
+use source::{smi::Smi, Reader, Tools};
 
 /// One request carries at most this much buffered JSON when catching up after an outage.
 const MAX_BATCH_BYTES: u64 = 256 * 1024;
@@ -118,21 +119,21 @@ impl Agent {
                 None => tracing::debug!("no cloud instance metadata service answered"),
             }
         }
-        let smi = Smi {
-            program: settings.nvidia_smi.clone(),
-            ..Smi::default()
+        let tools = Tools {
+            nvidia_smi: Smi::new(&settings.nvidia_smi, "--nvidia-smi"),
+            amd_smi: Smi::new(&settings.amd_smi, "--amd-smi"),
+            rocm_smi: Smi::new(&settings.rocm_smi, "--rocm-smi"),
+            hl_smi: Smi::new(&settings.hl_smi, "--hl-smi"),
+            host: settings.host.host.clone(),
         };
-        let reader = Reader::open(settings.source, smi)?;
-        tracing::info!(
-            source = %reader.kind(),
-            requested = %settings.source,
-            "reading GPUs through {}",
-            match reader.kind() {
-                source::SourceKind::Nvml => "NVML (libnvidia-ml.so.1)",
-                source::SourceKind::SmiXml => "`nvidia-smi -q -x`",
-                _ => "`nvidia-smi --query-gpu --format=csv`",
-            }
-        );
+        let reader = Reader::open(settings.source, &tools)?;
+        for (kind, what) in reader.sources() {
+            tracing::info!(
+                source = %kind,
+                requested = %settings.source,
+                "reading GPUs through {what}"
+            );
+        }
         let mut reporter = Reporter::new(
             settings.host.clone(),
             settings.inventory_secs,
@@ -203,12 +204,12 @@ impl Agent {
         let snap = match self.reader.read() {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(source = %self.reader.kind(), error = %e, "could not read the GPUs; no samples this interval (unknown, not zero)");
+                tracing::warn!(source = %self.reader, error = %e, "could not read the GPUs; no samples this interval (unknown, not zero)");
                 return Ok(false);
             }
         };
         if snap.gpus.is_empty() {
-            tracing::warn!(source = %self.reader.kind(), "no GPUs found");
+            tracing::warn!(source = %self.reader, "no GPUs found");
         }
         let body = self.reporter.build(&snap, self.procs.as_mut(), ts);
         let json = serde_json::to_vec(&body).context("could not encode the body as JSON")?;

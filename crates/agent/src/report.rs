@@ -160,6 +160,9 @@ impl Reporter {
         if let Some(v) = &g.cuda_version {
             labels.insert("cuda_version".into(), v.clone());
         }
+        if let Some(v) = &g.card_vendor {
+            labels.insert("card_vendor".into(), v.clone());
+        }
         if let Some(m) = g.mig_enabled {
             labels.insert(
                 "mig_mode".into(),

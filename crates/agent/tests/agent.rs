@@ -1,12 +1,13 @@
 //! Integration tests of the agent against the real-world corpus and a real gpuledger server.
 //!
-//! Map: `corpus_*` parse every file in `../shared/fixtures/nvidia-smi/` (the expected values
-//! were read off the files by hand, not from the parser); `robust_*` feed mutated corpus bytes
-//! to every parser; `e2e_*` run the real `gpuledger-agent` binary with a fake `nvidia-smi` on
-//! PATH (a shell script written here that prints corpus files) against a real `gpuledger`
-//! server on a fresh SQLite file; `outage_*` stop and restart that server under a running agent,
-//! or put a proxy in front of it that delays requests, resets them mid-body, loses the
-//! server's answers or fails requests in its place.
+//! Map: `corpus_*` parse every file in `../shared/fixtures/nvidia-smi/`, the `rocm-smi-*.json`
+//! files of `amd/` and every file of `gaudi/` (the expected values were read off the files by
+//! hand, not from the parser); `robust_*` feed mutated corpus bytes to every parser; `e2e_*`
+//! run the real `gpuledger-agent` binary with fake `nvidia-smi`, `rocm-smi`, `amd-smi` and
+//! `hl-smi` on PATH (shell scripts written here that print corpus files) against a real
+//! `gpuledger` server on a fresh SQLite file; `outage_*` stop and restart that server under a
+//! running agent, or put a proxy in front of it that delays requests, resets them mid-body,
+//! loses the server's answers or fails requests in its place.
 //!
 //! Where the corpus is absent, the tests that need it say so and pass.
 
@@ -18,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuledger_agent::source::{smi_csv, smi_xml, GpuReading, ProcessReading};
+use gpuledger_agent::source::{
+    hl_smi, rocm_smi, smi_csv, smi_xml, GpuReading, ProcessReading, Snapshot,
+};
 use gpuledger_model::PushBody;
 use gpuledger_store::{Role, Store};
 use gpuledger_web::{AppState, WebConfig};
@@ -27,24 +30,30 @@ use serde_json::Value;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-/// The corpus root (`…/shared/fixtures`): `$GPULEDGER_CORPUS`, else `<repo>/../shared/fixtures`.
-/// Absent, it is `None` (the test skips), or a failure when `GPULEDGER_REQUIRE_CORPUS` is set.
-fn corpus() -> Option<PathBuf> {
+/// The corpus root (`…/shared/fixtures`) holding the folder `sub`: `$GPULEDGER_CORPUS`, else
+/// `<repo>/../shared/fixtures`. Absent, it is `None` (the test skips), or a failure when
+/// `GPULEDGER_REQUIRE_CORPUS` is set.
+fn corpus_with(sub: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("GPULEDGER_CORPUS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"));
-    if !dir.join("nvidia-smi").is_dir() && std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
+    if !dir.join(sub).is_dir() && std::env::var_os("GPULEDGER_REQUIRE_CORPUS").is_some() {
         panic!(
             "GPULEDGER_REQUIRE_CORPUS is set but there is no corpus at {}; set GPULEDGER_CORPUS to shared/fixtures",
-            dir.join("nvidia-smi").display()
+            dir.join(sub).display()
         );
     }
-    dir.join("nvidia-smi").is_dir().then_some(dir)
+    dir.join(sub).is_dir().then_some(dir)
 }
 
+/// The corpus root, or return from the test saying why (`require_corpus!()` needs
+/// `nvidia-smi/`, `require_corpus!("amd")` needs `amd/`).
 macro_rules! require_corpus {
     () => {
-        match corpus() {
+        require_corpus!("nvidia-smi")
+    };
+    ($sub:expr) => {
+        match corpus_with($sub) {
             Some(c) => c,
             None => {
                 eprintln!(
@@ -552,6 +561,7 @@ fn corpus_xml_gpus_mig_instances_and_processes() {
             mig_enabled: e.mig_enabled,
             mig_parent_uuid: None,
             mig_profile: None,
+            card_vendor: None,
             util_pct: e.util_pct,
             mem_used_mib: Some(e.mem_used_mib),
             power_w: Some(e.power_w),
@@ -647,6 +657,7 @@ fn corpus_csv_query_gpu_and_compute_apps() {
                 mig_enabled: e.mig_enabled,
                 mig_parent_uuid: None,
                 mig_profile: None,
+                card_vendor: None,
                 util_pct: e.util_pct,
                 mem_used_mib: Some(e.mem_used_mib),
                 power_w: Some(e.power_w),
@@ -668,6 +679,415 @@ fn corpus_csv_query_gpu_and_compute_apps() {
         })
         .collect();
     assert_eq!(apps, want);
+}
+
+// ---------------------------------------------------------------------------------------------
+// corpus_* for AMD (`amd/rocm-smi-*.json`) and Intel Gaudi (`gaudi/`)
+
+/// The host name the AMD and Gaudi corpus tests give: GPUs without a usable serial are named by
+/// their PCI address on it.
+const HOST: &str = "node-a";
+const AMD_VENDOR: &str = "Advanced Micro Devices, Inc. [AMD/ATI]";
+const MI100: &str = "Arcturus GL-XL [Instinct MI100]";
+
+/// One GPU as a corpus file gives it.
+struct AmdGpu {
+    uuid: &'static str,
+    model: Option<&'static str>,
+    memory_mib: u64,
+    serial: Option<&'static str>,
+    pci_bus_id: Option<&'static str>,
+    util_pct: f64,
+    mem_used_mib: f64,
+    power_w: f64,
+}
+
+struct AmdExpect {
+    file: &'static str,
+    driver: Option<&'static str>,
+    vendor: &'static str,
+    gpus: &'static [AmdGpu],
+}
+
+const fn mi100(uuid: &'static str, bus: &'static str, used: f64, power_w: f64) -> AmdGpu {
+    AmdGpu {
+        uuid,
+        model: Some(MI100),
+        memory_mib: 32752, // 34342961152 B
+        serial: None,      // `N/A` or `0`
+        pci_bus_id: Some(bus),
+        util_pct: 0.0,
+        mem_used_mib: used,
+        power_w,
+    }
+}
+
+const ROCM: &[AmdExpect] = &[
+    AmdExpect {
+        file: "rocm-smi-json-mi100-x4-rocm602.json",
+        driver: Some("6.3.6"),
+        vendor: AMD_VENDOR,
+        // Serial `N/A`: named by the unique ID. 6750208 B used.
+        gpus: &[
+            mi100("AMD-UID-79ccd55167a2124a", "0000:83:00.0", 6.4375, 36.0),
+            mi100("AMD-UID-4edfb117a17a07d", "0000:A3:00.0", 6.4375, 44.0),
+            mi100("AMD-UID-d4a9ec48d03d261d", "0000:C3:00.0", 6.4375, 43.0),
+            mi100("AMD-UID-1b9dd972253c3736", "0000:E3:00.0", 6.4375, 39.0),
+        ],
+    },
+    AmdExpect {
+        file: "rocm-smi-json-mi100-x6-rocm571-leading-blank-line.json",
+        driver: Some("6.2.4"),
+        vendor: AMD_VENDOR,
+        // Serial `0`, unique ID `N/A`: named by the PCI address on the host. 6782976 B used.
+        gpus: &[
+            mi100("AMD-PCI-node-a-0000:1e:00.0", "0000:1E:00.0", 6.46875, 39.0),
+            mi100("AMD-PCI-node-a-0000:22:00.0", "0000:22:00.0", 6.46875, 37.0),
+            mi100("AMD-PCI-node-a-0000:3f:00.0", "0000:3F:00.0", 6.46875, 35.0),
+            mi100("AMD-PCI-node-a-0000:43:00.0", "0000:43:00.0", 6.46875, 39.0),
+            mi100("AMD-PCI-node-a-0000:46:00.0", "0000:46:00.0", 6.46875, 39.0),
+            mi100("AMD-PCI-node-a-0000:49:00.0", "0000:49:00.0", 6.46875, 40.0),
+        ],
+    },
+    AmdExpect {
+        file: "rocm-smi-json-radeon-rx6700xt-rocm612.json",
+        driver: Some("6.3.6"),
+        vendor: AMD_VENDOR,
+        gpus: &[AmdGpu {
+            uuid: "AMD-PCI-node-a-0000:07:00.0",
+            model: Some("Navi 22 [Radeon RX 6700/6700 XT / 6800M]"),
+            memory_mib: 12272, // 12868124672 B
+            serial: None,      // N/A
+            pci_bus_id: Some("0000:07:00.0"),
+            util_pct: 0.0,
+            mem_used_mib: 1499.88671875, // 1572745216 B
+            power_w: 6.0,
+        }],
+    },
+    AmdExpect {
+        file: "rocm-smi-json-mi50-32gb-vega20-2021.json",
+        driver: Some("5.9.17"),
+        vendor: AMD_VENDOR,
+        gpus: &[AmdGpu {
+            uuid: "AMD-SN-692024000810",
+            model: Some("Radeon Instinct MI50 32GB"), // `Card series`, 2021 spelling
+            memory_mib: 32752,
+            serial: Some("692024000810"),
+            pci_bus_id: Some("0000:63:00.0"),
+            util_pct: 0.0,
+            mem_used_mib: 10.34765625, // 10850304 B
+            power_w: 26.0,
+        }],
+    },
+    AmdExpect {
+        file: "rocm-smi-json-radeon-rx7800xt-rocm624-few-fields.json",
+        driver: None, // no `system` object
+        vendor: AMD_VENDOR,
+        gpus: &[AmdGpu {
+            uuid: "AMD-UID-5c88007d760374f3",
+            model: Some("Navi 32 [Radeon RX 7700 XT / 7800 XT]"),
+            memory_mib: 16368, // 17163091968 B
+            serial: None,
+            pci_bus_id: None, // not asked for (`--showbus` missing from that query)
+            util_pct: 100.0,
+            mem_used_mib: 11077.0, // 11615076352 B
+            power_w: 53.0,
+        }],
+    },
+    AmdExpect {
+        file: "rocm-smi-json-hygon-dcu-masked-empty-key.json",
+        driver: None,
+        vendor: "Chengdu Haiguang IC Design Co., Ltd.",
+        gpus: &[AmdGpu {
+            uuid: "AMD-UID-7100fa8866904061", // serial masked (`TPXxxxx`): the unique ID
+            model: None,                      // masked (`DCU xxxx`)
+            memory_mib: 65520,                // `vram Total Memory (MiB)`
+            serial: None,
+            pci_bus_id: None,
+            util_pct: 0.0, // `DCU use (%)`
+            mem_used_mib: 2.0,
+            power_w: 80.0,
+        }],
+    },
+];
+
+fn amd_file(c: &Path, name: &str) -> PathBuf {
+    c.join("amd").join(name)
+}
+
+#[test]
+fn corpus_every_rocm_smi_file_has_expectations() {
+    let c = require_corpus!("amd");
+    let known: Vec<&str> = ROCM.iter().map(|e| e.file).collect();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(c.join("amd")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with("rocm-smi-") {
+            seen += 1;
+            assert!(
+                known.contains(&name.as_str()),
+                "corpus file {name} has no expectations in this test; add them"
+            );
+        }
+    }
+    assert_eq!(seen, ROCM.len());
+}
+
+#[test]
+fn corpus_rocm_smi_json_gpus_field_by_field() {
+    let c = require_corpus!("amd");
+    for e in ROCM {
+        let text = std::fs::read_to_string(amd_file(&c, e.file)).unwrap();
+        let snap = rocm_smi::parse(&text, Some(""), Some(HOST))
+            .unwrap_or_else(|err| panic!("{}: {err}", e.file));
+        let want: Vec<GpuReading> = e
+            .gpus
+            .iter()
+            .map(|g| GpuReading {
+                uuid: g.uuid.into(),
+                model: g.model.map(Into::into),
+                memory_mib: Some(g.memory_mib),
+                serial: g.serial.map(Into::into),
+                pci_bus_id: g.pci_bus_id.map(Into::into),
+                driver_version: e.driver.map(Into::into),
+                cuda_version: None,
+                mig_enabled: None,
+                mig_parent_uuid: None,
+                mig_profile: None,
+                card_vendor: Some(e.vendor.into()),
+                util_pct: Some(g.util_pct),
+                mem_used_mib: Some(g.mem_used_mib),
+                power_w: Some(g.power_w),
+                sm_active: None,
+            })
+            .collect();
+        assert_eq!(snap.gpus, want, "{}", e.file);
+        assert!(
+            snap.processes.is_empty() && !snap.processes_failed,
+            "{}",
+            e.file
+        );
+    }
+}
+
+#[test]
+fn corpus_rocm_smi_processes_and_unknown_identities() {
+    let c = require_corpus!("amd");
+    // The 6-card file's `system` holds `"PID104225": "mlir-cpu-runner, 0, 0, 0, 0"`: a process
+    // using no GPU (0 in the GPU count), as `--showpidgpus` would say too.
+    let six = std::fs::read_to_string(amd_file(&c, ROCM[1].file)).unwrap();
+    let snap = rocm_smi::parse(
+        &six,
+        Some("PID 104225 is using 0 DRM device(s)\n"),
+        Some(HOST),
+    )
+    .unwrap();
+    assert!(snap.processes.is_empty() && !snap.processes_failed);
+    // Had it used card 2, it would be on that card, named from `--showpids`.
+    let snap = rocm_smi::parse(
+        &six,
+        Some("PID 104225 is using 1 DRM device(s):\n2\n"),
+        Some(HOST),
+    )
+    .unwrap();
+    assert_eq!(
+        snap.processes,
+        vec![ProcessReading {
+            gpu_uuid: "AMD-PCI-node-a-0000:3f:00.0".into(),
+            pid: 104225,
+            name: Some("mlir-cpu-runner".into()),
+            process_type: Some("C".into()),
+            used_memory_mib: Some(0),
+        }]
+    );
+    // Without `--showpidgpus` the process list is unknown, not empty.
+    assert!(
+        rocm_smi::parse(&six, None, Some(HOST))
+            .unwrap()
+            .processes_failed
+    );
+    // Without a host name, a GPU that only its PCI address names cannot be told apart: left
+    // out rather than given a made-up identity.
+    assert!(rocm_smi::parse(&six, Some(""), None)
+        .unwrap()
+        .gpus
+        .is_empty());
+    let x4 = std::fs::read_to_string(amd_file(&c, ROCM[0].file)).unwrap();
+    assert_eq!(rocm_smi::parse(&x4, Some(""), None).unwrap().gpus.len(), 4);
+}
+
+/// One Gaudi as a corpus table gives it: (bus, power W, MiB used).
+type Gaudi = (&'static str, f64, f64);
+
+struct GaudiExpect {
+    file: &'static str,
+    model: &'static str,
+    driver: &'static str,
+    memory_mib: u64,
+    gpus: &'static [Gaudi],
+    /// (bus of its Gaudi, pid, name, MiB); `None`: the table has no process section.
+    processes: Option<&'static [(&'static str, u32, &'static str, u64)]>,
+}
+
+const GAUDI: &[GaudiExpect] = &[
+    GaudiExpect {
+        file: "hl-smi-table-8x-gaudi2-hl225-1.20.0-busy-with-process-row.txt",
+        model: "HL-225",
+        driver: "1.19.1-6f47ddd",
+        memory_mib: 98304,
+        gpus: &[
+            ("0000:9a:00.0", 96.0, 768.0),
+            ("0000:9b:00.0", 78.0, 768.0),
+            ("0000:b3:00.0", 81.0, 768.0),
+            ("0000:b4:00.0", 92.0, 96565.0),
+            ("0000:33:00.0", 83.0, 768.0),
+            ("0000:4e:00.0", 80.0, 96564.0),
+            ("0000:34:00.0", 86.0, 768.0),
+            ("0000:4d:00.0", 100.0, 17538.0),
+        ],
+        // AIP 7's row has no closing `|`.
+        processes: Some(&[("0000:4d:00.0", 107684, "ray::_RayTrainW", 16770)]),
+    },
+    GaudiExpect {
+        file: "hl-smi-table-8x-gaudi2-hl225-1.22.1-idle-perf-P0.txt",
+        model: "HL-225",
+        driver: "1.22.1-97ec1a4",
+        memory_mib: 98304,
+        gpus: &[
+            ("0000:33:00.0", 88.0, 768.0),
+            ("0000:9a:00.0", 83.0, 768.0),
+            ("0000:34:00.0", 94.0, 768.0),
+            ("0000:4d:00.0", 80.0, 768.0),
+            ("0000:4e:00.0", 73.0, 768.0),
+            ("0000:9b:00.0", 87.0, 768.0),
+            ("0000:b3:00.0", 91.0, 768.0),
+            ("0000:b4:00.0", 90.0, 768.0),
+        ],
+        processes: Some(&[]),
+    },
+    GaudiExpect {
+        file: "hl-smi-table-gaudi2-hl225-1.15.1-1-device-processes.txt",
+        model: "HL-225",
+        driver: "1.15.1-62f612b",
+        memory_mib: 98304,
+        gpus: &[("0000:19:00.0", 93.0, 768.0)],
+        processes: Some(&[]),
+    },
+    GaudiExpect {
+        // Two logged tables: the second (768 MiB used, 81 W) counts, not the first (24065 MiB).
+        file: "hl-smi-table-gaudi2-hl225-1.18.0-spdlog-prefixed-2-snapshots.log",
+        model: "HL-225",
+        driver: "1.18.0-ee698fb",
+        memory_mib: 98304,
+        gpus: &[("0000:4d:00.0", 81.0, 768.0)],
+        processes: Some(&[]),
+    },
+    GaudiExpect {
+        // `672MiB / 131072MiB` pushes its cell's `|` one column right.
+        file: "hl-smi-table-gaudi3-hl325-1.18.0-overflowing-memory-column.txt",
+        model: "HL-325",
+        driver: "1.18.0-ee698fb",
+        memory_mib: 131072,
+        gpus: &[("0000:21:00.0", 264.0, 672.0)],
+        processes: None,
+    },
+];
+
+fn gaudi_uuid_on(bus: &str) -> String {
+    format!("HL-PCI-{HOST}-{bus}")
+}
+
+#[test]
+fn corpus_every_gaudi_file_has_expectations() {
+    let c = require_corpus!("gaudi");
+    let known: Vec<&str> = GAUDI.iter().map(|e| e.file).collect();
+    for entry in std::fs::read_dir(c.join("gaudi")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            known.contains(&name.as_str()),
+            "corpus file {name} has no expectations in this test; add them"
+        );
+    }
+}
+
+#[test]
+fn corpus_hl_smi_tables_field_by_field() {
+    let c = require_corpus!("gaudi");
+    for e in GAUDI {
+        let text = std::fs::read_to_string(c.join("gaudi").join(e.file)).unwrap();
+        let snap: Snapshot = hl_smi::parse_table(&text, Some(HOST))
+            .unwrap_or_else(|err| panic!("{}: {err}", e.file));
+        let want: Vec<GpuReading> = e
+            .gpus
+            .iter()
+            .map(|(bus, power, used)| GpuReading {
+                // The table gives no serial or UUID: named by the PCI address on the host.
+                uuid: gaudi_uuid_on(bus),
+                model: Some(e.model.into()),
+                memory_mib: Some(e.memory_mib),
+                serial: None,
+                pci_bus_id: Some((*bus).into()),
+                driver_version: Some(e.driver.into()),
+                cuda_version: None,
+                mig_enabled: None,
+                mig_parent_uuid: None,
+                mig_profile: None,
+                card_vendor: None,
+                util_pct: Some(0.0), // AIP-Util 0% on every card of every file
+                mem_used_mib: Some(*used),
+                power_w: Some(*power),
+                sm_active: None,
+            })
+            .collect();
+        assert_eq!(snap.gpus, want, "{}", e.file);
+        match e.processes {
+            None => assert!(snap.processes_failed, "{}: unknown, not none", e.file),
+            Some(p) => {
+                assert!(!snap.processes_failed, "{}", e.file);
+                let want: Vec<ProcessReading> = p
+                    .iter()
+                    .map(|(bus, pid, name, mib)| ProcessReading {
+                        gpu_uuid: gaudi_uuid_on(bus),
+                        pid: *pid,
+                        name: Some((*name).into()),
+                        process_type: Some("C".into()),
+                        used_memory_mib: Some(*mib),
+                    })
+                    .collect();
+                assert_eq!(snap.processes, want, "{}", e.file);
+            }
+        }
+    }
+}
+
+#[test]
+fn corpus_hl_smi_table_processes_join_csv_gaudis_by_pci_address() {
+    let c = require_corpus!("gaudi");
+    let e = &GAUDI[0];
+    let table = std::fs::read_to_string(c.join("gaudi").join(e.file)).unwrap();
+    // The corpus has no `hl-smi -Q` capture: this CSV is written for the test, with the
+    // documented field names and the buses of the table (serials made up).
+    let mut csv = String::from(
+        "index, name, bus_id, serial, uuid, driver_version, utilization.aip [%], \
+         memory.total [MiB], memory.used [MiB], power.draw [W]\n",
+    );
+    for (i, (bus, power, used)) in e.gpus.iter().enumerate() {
+        csv.push_str(&format!(
+            "{i}, HL-225, {bus}, AN1000{i}, N/A, {}, 0, 98304, {used}, {power}\n",
+            e.driver
+        ));
+    }
+    let gpus = hl_smi::parse_csv(&csv, Some(HOST)).unwrap();
+    assert_eq!(gpus[7].uuid, "HL-SN-AN10007");
+    let procs = hl_smi::processes_from_table(&gpus, &table).unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(
+        (procs[0].gpu_uuid.as_str(), procs[0].pid),
+        ("HL-SN-AN10007", 107684)
+    );
+    // The overflowing Gaudi 3 table has no process section: unknown.
+    let g3 = std::fs::read_to_string(c.join("gaudi").join(GAUDI[4].file)).unwrap();
+    assert_eq!(hl_smi::processes_from_table(&gpus, &g3), None);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -758,6 +1178,54 @@ fn robust_mutated_corpus_never_panics_a_parser() {
             let _ = smi_csv::parse_apps(&text);
             let _ = gpuledger_agent::source::smi_list::parse(&text);
             runs += 1;
+        }
+    }
+    assert!(runs > 0);
+}
+
+#[test]
+fn robust_mutated_amd_and_gaudi_corpus_never_panics_a_parser() {
+    let c = require_corpus!("amd");
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut runs = 0;
+    let in_range = |g: &GpuReading| {
+        assert!(
+            g.util_pct.is_none_or(|v| (0.0..=100.0).contains(&v)),
+            "{g:?}"
+        );
+        assert!(
+            g.power_w.is_none_or(|v| (0.0..=10_000.0).contains(&v)),
+            "{g:?}"
+        );
+        assert!(!g.uuid.is_empty());
+    };
+    for sub in ["amd", "gaudi"] {
+        let Ok(dir) = std::fs::read_dir(c.join(sub)) else {
+            continue;
+        };
+        for entry in dir {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            for _ in 0..150 {
+                let m = mutate(&mut rng, &bytes);
+                let text = String::from_utf8_lossy(&m);
+                let pids = Some("PID 1 is using 2 DRM device(s):\n0 1\n");
+                if let Ok(snap) = rocm_smi::parse(&text, pids, Some(HOST)) {
+                    snap.gpus.iter().for_each(in_range);
+                }
+                if let Ok(snap) =
+                    gpuledger_agent::source::amd_smi::parse(&text, &text, Some(&text), None)
+                {
+                    snap.gpus.iter().for_each(in_range);
+                }
+                if let Ok(snap) = hl_smi::parse_table(&text, Some(HOST)) {
+                    snap.gpus.iter().for_each(in_range);
+                }
+                if let Ok(gpus) = hl_smi::parse_csv(&text, Some(HOST)) {
+                    gpus.iter().for_each(in_range);
+                    let _ = hl_smi::processes_from_table(&gpus, &text);
+                }
+                runs += 1;
+            }
         }
     }
     assert!(runs > 0);
@@ -1071,6 +1539,445 @@ fn e2e_once_with_the_server_down_fails_loudly_and_keeps_the_body() {
         1,
         "the unsent body waits in the buffer"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// e2e_* on AMD and Gaudi hosts: fake `rocm-smi`, `amd-smi`, `hl-smi`
+
+/// Fake `rocm-smi`, `amd-smi` and `hl-smi` in `<dir>/vendor-bin`, printing the files named by
+/// environment variables: `FAKE_ROCM_JSON` (the `--json` read), `FAKE_ROCM_PIDGPUS`
+/// (`--showpidgpus`); `FAKE_AMD_STATIC`, `FAKE_AMD_METRIC`, `FAKE_AMD_PROCESS` (the `static`,
+/// `metric` and `process` reads); `FAKE_HL_CSV` (`-Q`) and `FAKE_HL_TABLE` (plain `hl-smi`).
+/// Without its variable a tool fails as it does on a host without that vendor's devices. With
+/// `FAKE_TOOL_LOG` each run appends its command line to that file.
+fn fake_vendor_tools(dir: &Path) -> PathBuf {
+    let bin = dir.join("vendor-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = r#"[ -n "$FAKE_TOOL_LOG" ] && echo "$(basename "$0") $*" >> "$FAKE_TOOL_LOG""#;
+    let scripts = [
+        (
+            "rocm-smi",
+            r#"case "$1" in
+  --showpidgpus) [ -n "$FAKE_ROCM_PIDGPUS" ] || { echo "fake rocm-smi: no FAKE_ROCM_PIDGPUS" >&2; exit 9; }
+    cat "$FAKE_ROCM_PIDGPUS" ;;
+  *) [ -n "$FAKE_ROCM_JSON" ] || { echo "fake rocm-smi: ERROR: GPU[0] : no AMD GPU" >&2; exit 9; }
+    cat "$FAKE_ROCM_JSON" ;;
+esac"#,
+        ),
+        (
+            "amd-smi",
+            r#"case "$1" in
+  static) f="$FAKE_AMD_STATIC" ;;
+  metric) f="$FAKE_AMD_METRIC" ;;
+  process) f="$FAKE_AMD_PROCESS" ;;
+  *) f="" ;;
+esac
+[ -n "$f" ] || { echo "fake amd-smi: AMDSMI_STATUS_INIT_ERROR" >&2; exit 1; }
+cat "$f""#,
+        ),
+        (
+            "hl-smi",
+            r#"if [ "$1" = "-Q" ]; then
+  [ -n "$FAKE_HL_CSV" ] || { echo "fake hl-smi: -Q is not supported here" >&2; exit 2; }
+  cat "$FAKE_HL_CSV"; exit 0
+fi
+[ -n "$FAKE_HL_TABLE" ] || { echo "fake hl-smi: no Gaudi device" >&2; exit 9; }
+cat "$FAKE_HL_TABLE""#,
+        ),
+    ];
+    for (name, body) in scripts {
+        let script = bin.join(name);
+        std::fs::write(&script, format!("#!/bin/sh\n{log}\n{body}\n")).unwrap();
+        Command::new("chmod")
+            .arg("+x")
+            .arg(&script)
+            .status()
+            .unwrap();
+    }
+    bin
+}
+
+/// `--once --dry-run` with the fake vendor tools; the body printed and the log.
+fn dry_run(bin: &Path, tmp: &Path, args: &[&str], env: &[(&str, PathBuf)]) -> (PushBody, String) {
+    let mut cmd = agent(bin);
+    cmd.args(["--once", "--dry-run", "--no-cloud-metadata"])
+        .args(args)
+        .arg("--buffer-dir")
+        .arg(tmp.join("never"))
+        .arg("--proc-root")
+        .arg(tmp.join("no-proc"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "one body, one line: {stdout}");
+    (serde_json::from_str(&stdout).unwrap(), log)
+}
+
+#[test]
+fn e2e_amd_host_falls_back_to_rocm_smi_and_dry_run_prints_its_gpus() {
+    let c = require_corpus!("amd");
+    let tmp = TempDir::new("e2e-amd");
+    let bin = fake_vendor_tools(&tmp.0);
+    let tool_log = tmp.0.join("tools.log");
+    let (body, log) = dry_run(
+        &bin,
+        &tmp.0,
+        &["--host", "amd-node"],
+        &[
+            ("FAKE_ROCM_JSON", amd_file(&c, ROCM[0].file)),
+            ("FAKE_TOOL_LOG", tool_log.clone()),
+        ],
+    );
+    // amd-smi fails here, so `auto` falls back to rocm-smi and says why.
+    assert!(log.contains("`amd-smi` not usable"), "{log}");
+    assert!(log.contains("AMDSMI_STATUS_INIT_ERROR"), "{log}");
+    assert!(
+        log.contains("reading GPUs through `rocm-smi --json`"),
+        "{log}"
+    );
+    let amd: Vec<_> = body
+        .gpus
+        .iter()
+        .filter(|g| g.uuid.starts_with("AMD-"))
+        .collect();
+    let want: Vec<&str> = ROCM[0].gpus.iter().map(|g| g.uuid).collect();
+    assert_eq!(
+        amd.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
+        want
+    );
+    for g in &amd {
+        assert_eq!(g.model, MI100);
+        assert_eq!(g.memory_mib, Some(32752));
+        assert_eq!(g.host.as_deref(), Some("amd-node"));
+        assert_eq!(g.labels["driver_version"], "6.3.6");
+        assert_eq!(g.labels["card_vendor"], AMD_VENDOR);
+        assert!(g.serial.is_none(), "`N/A` is no serial");
+    }
+    let samples: Vec<_> = body
+        .samples
+        .iter()
+        .filter(|s| s.gpu_uuid.starts_with("AMD-"))
+        .collect();
+    assert_eq!(samples.len(), 4);
+    assert!(
+        samples.iter().all(|s| s.util_pct == Some(0.0)),
+        "0 % is known"
+    );
+    assert_eq!(samples[0].power_w, Some(36.0));
+    assert_eq!(samples[0].mem_used_mib, Some(6.4375));
+    assert!(samples.iter().all(|s| s.sm_active.is_none()));
+    assert!(body.allocations.is_empty());
+    // The JSON read asks for what the parser reads; no process in it, so no `--showpidgpus`.
+    let runs = std::fs::read_to_string(&tool_log).unwrap();
+    assert!(
+        runs.contains("rocm-smi --showid --showproductname --showserial --showuniqueid --showbus \
+                       --showuse --showmeminfo vram --showpower --showdriverversion --showpids --json"),
+        "{runs}"
+    );
+    assert!(!runs.contains("--showpidgpus"), "{runs}");
+}
+
+#[test]
+fn e2e_gaudi_host_reads_the_hl_smi_table_when_the_csv_query_fails() {
+    let c = require_corpus!("gaudi");
+    let tmp = TempDir::new("e2e-gaudi");
+    let bin = fake_vendor_tools(&tmp.0);
+    let e = &GAUDI[0];
+    let (body, log) = dry_run(
+        &bin,
+        &tmp.0,
+        &["--host", "gaudi-node"],
+        &[("FAKE_HL_TABLE", c.join("gaudi").join(e.file))],
+    );
+    assert!(log.contains("`hl-smi -Q` not usable"), "{log}");
+    assert!(log.contains("-Q is not supported here"), "{log}");
+    let gaudis: Vec<_> = body
+        .gpus
+        .iter()
+        .filter(|g| g.uuid.starts_with("HL-"))
+        .collect();
+    assert_eq!(gaudis.len(), 8);
+    for (g, (bus, _, _)) in gaudis.iter().zip(e.gpus) {
+        assert_eq!(g.uuid, format!("HL-PCI-gaudi-node-{bus}"));
+        assert_eq!(g.model, "HL-225");
+        assert_eq!(g.memory_mib, Some(98304));
+        assert_eq!(g.pci_bus_id.as_deref(), Some(*bus));
+        assert_eq!(g.labels["driver_version"], "1.19.1-6f47ddd");
+    }
+    let used: Vec<Option<f64>> = body.samples.iter().map(|s| s.mem_used_mib).collect();
+    assert_eq!(
+        used,
+        e.gpus.iter().map(|(_, _, u)| Some(*u)).collect::<Vec<_>>()
+    );
+    assert!(body.samples.iter().all(|s| s.util_pct == Some(0.0)));
+    assert_eq!(body.samples[7].power_w, Some(100.0));
+    // The process row without its closing bar becomes an allocation on AIP 7's Gaudi.
+    assert_eq!(body.allocations.len(), 1, "{:?}", body.allocations);
+    let a = &body.allocations[0];
+    assert_eq!(a.gpu_uuid, "HL-PCI-gaudi-node-0000:4d:00.0");
+    assert_eq!(a.workload, "ray::_RayTrainW pid=107684");
+    assert!(a.end.is_none());
+}
+
+#[test]
+fn e2e_gaudi_csv_query_names_gaudis_by_serial_and_takes_processes_from_the_table() {
+    let c = require_corpus!("gaudi");
+    let tmp = TempDir::new("e2e-gaudi-csv");
+    let bin = fake_vendor_tools(&tmp.0);
+    let e = &GAUDI[0];
+    // No `hl-smi -Q` capture exists in the corpus: this CSV is written here with Habana's
+    // documented field names, the table's buses and figures, and made-up serials.
+    let mut csv = String::from(
+        "index, name, bus_id, serial, uuid, driver_version, utilization.aip, memory.total, \
+         memory.used, power.draw\n",
+    );
+    for (i, (bus, power, used)) in e.gpus.iter().enumerate() {
+        csv.push_str(&format!(
+            "{i}, HL-225, {bus}, AN1000{i}, N/A, {}, 0, 98304, {used}, {power}\n",
+            e.driver
+        ));
+    }
+    let csv_file = tmp.0.join("hl.csv");
+    std::fs::write(&csv_file, csv).unwrap();
+    let (body, log) = dry_run(
+        &bin,
+        &tmp.0,
+        &["--source", "hl-smi"],
+        &[
+            ("FAKE_HL_CSV", csv_file),
+            ("FAKE_HL_TABLE", c.join("gaudi").join(e.file)),
+        ],
+    );
+    assert!(!log.contains("not usable"), "{log}");
+    let uuids: Vec<&str> = body.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids[0], "HL-SN-AN10000");
+    assert_eq!(body.gpus[0].serial.as_deref(), Some("AN10000"));
+    assert_eq!(body.allocations.len(), 1);
+    assert_eq!(body.allocations[0].gpu_uuid, "HL-SN-AN10007");
+}
+
+/// `amd-smi` documents for the e2e test: hand-written after AMD's documented JSON shape (the
+/// ROCm 6.4+ `gpu_data` form), not captured output; the corpus has none.
+const AMD_SMI_STATIC: &str = r#"{"gpu_data": [{"gpu": 0,
+  "asic": {"market_name": "AMD Instinct MI300X", "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
+           "asic_serial": "0x2A8F4E1C7B3D9055"},
+  "bus": {"bdf": "0000:0c:00.0"}, "board": {"product_serial": "692251001124"},
+  "driver": {"name": "amdgpu", "version": "6.10.5"},
+  "vram": {"size": {"value": 196592, "unit": "MB"}}}]}"#;
+const AMD_SMI_METRIC: &str = r#"{"gpu_data": [{"gpu": 0,
+  "usage": {"gfx_activity": {"value": 87, "unit": "%"}},
+  "power": {"socket_power": {"value": 612, "unit": "W"}},
+  "mem_usage": {"used_vram": {"value": 150232, "unit": "MB"}}}]}"#;
+const AMD_SMI_PROCESS: &str = r#"[{"gpu": 0, "process_list": [{"process_info": {"name": "python3",
+  "pid": 40211, "memory_usage": {"vram_mem": {"value": 157286400000, "unit": "B"}}}}]}]"#;
+
+#[test]
+fn e2e_amd_smi_is_preferred_to_rocm_smi_where_it_works() {
+    let tmp = TempDir::new("e2e-amd-smi");
+    let bin = fake_vendor_tools(&tmp.0);
+    let mut env = Vec::new();
+    for (k, text) in [
+        ("FAKE_AMD_STATIC", AMD_SMI_STATIC),
+        ("FAKE_AMD_METRIC", AMD_SMI_METRIC),
+        ("FAKE_AMD_PROCESS", AMD_SMI_PROCESS),
+    ] {
+        let f = tmp.0.join(k);
+        std::fs::write(&f, text).unwrap();
+        env.push((k, f));
+    }
+    let tool_log = tmp.0.join("tools.log");
+    env.push(("FAKE_TOOL_LOG", tool_log.clone()));
+    // rocm-smi would work too (it prints nothing usable here), but amd-smi comes first.
+    let (body, log) = dry_run(&bin, &tmp.0, &["--host", "mi300-node"], &env);
+    assert!(
+        log.contains("reading GPUs through `amd-smi static/metric/process --json`"),
+        "{log}"
+    );
+    let g = body
+        .gpus
+        .iter()
+        .find(|g| g.uuid.starts_with("AMD-"))
+        .unwrap();
+    assert_eq!(g.uuid, "AMD-SN-692251001124");
+    assert_eq!(g.model, "AMD Instinct MI300X");
+    assert_eq!(g.memory_mib, Some(196_592));
+    let s = body.samples.iter().find(|s| s.gpu_uuid == g.uuid).unwrap();
+    assert_eq!(
+        (s.util_pct, s.power_w, s.mem_used_mib),
+        (Some(87.0), Some(612.0), Some(150_232.0))
+    );
+    assert_eq!(body.allocations.len(), 1);
+    assert_eq!(body.allocations[0].workload, "python3 pid=40211");
+    let runs = std::fs::read_to_string(&tool_log).unwrap();
+    assert!(
+        runs.contains("amd-smi metric --usage --power --mem-usage --json"),
+        "{runs}"
+    );
+    assert!(runs.contains("amd-smi static --json"), "{runs}");
+    assert!(runs.contains("amd-smi process --json"), "{runs}");
+    assert!(!runs.contains("rocm-smi"), "{runs}");
+}
+
+#[test]
+fn e2e_a_host_with_nvidia_and_amd_gpus_reports_both() {
+    let c = require_corpus!();
+    let Some(amd) = corpus_with("amd") else {
+        return;
+    };
+    let tmp = TempDir::new("e2e-mixed");
+    let nvidia_bin = fake_smi(&tmp.0);
+    let amd_bin = fake_vendor_tools(&tmp.0);
+    let bin = tmp.0.join("both");
+    std::fs::create_dir_all(&bin).unwrap();
+    for f in [nvidia_bin.join("nvidia-smi"), amd_bin.join("rocm-smi")] {
+        std::fs::copy(&f, bin.join(f.file_name().unwrap())).unwrap();
+    }
+    let (body, log) = dry_run(
+        &bin,
+        &tmp.0,
+        &["--host", "mixed", "--no-processes"],
+        &[
+            ("FAKE_SMI_XML", smi_file(&c, "tesla-t4.xml")),
+            ("FAKE_ROCM_JSON", amd_file(&amd, ROCM[3].file)),
+        ],
+    );
+    assert!(
+        log.contains("reading GPUs through `rocm-smi --json`"),
+        "{log}"
+    );
+    let uuids: Vec<&str> = body.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert!(uuids.contains(&"AMD-SN-692024000810"), "{uuids:?}");
+    if !nvml_here() {
+        assert!(
+            log.contains("reading GPUs through `nvidia-smi -q -x`"),
+            "{log}"
+        );
+        assert!(uuids.contains(&XML[1].uuid), "{uuids:?}");
+        assert_eq!(body.samples.len(), 2);
+    }
+}
+
+#[test]
+fn e2e_no_reader_works_and_the_error_says_why_for_each() {
+    if nvml_here() {
+        eprintln!("skipped: a real NVIDIA driver is here, so NVML would work");
+        return;
+    }
+    let tmp = TempDir::new("e2e-none");
+    let empty = tmp.0.join("empty-bin");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = agent(&empty)
+        // Only the empty folder on PATH: no tool of any vendor.
+        .env("PATH", &empty)
+        .args(["--once", "--dry-run", "--no-cloud-metadata"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no way to read GPUs on this host"), "{err}");
+    for part in [
+        "NVML: NVML is not usable",
+        "nvidia-smi -q -x: `nvidia-smi` was not found; install it, or pass --nvidia-smi PATH",
+        "amd-smi: `amd-smi` was not found; install it, or pass --amd-smi PATH",
+        "rocm-smi: `rocm-smi` was not found; install it, or pass --rocm-smi PATH",
+        "hl-smi: `hl-smi` was not found; install it, or pass --hl-smi PATH",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+}
+
+#[test]
+fn e2e_amd_and_gaudi_gpus_reach_a_real_server() {
+    let c = require_corpus!("amd");
+    let Some(g) = corpus_with("gaudi") else {
+        return;
+    };
+    let tmp = TempDir::new("e2e-vendors-server");
+    let bin = fake_vendor_tools(&tmp.0);
+    let server = Server::start(&tmp.0.join("g.db"), 0);
+    let token = server.token("accel-hosts");
+    let hosts = [
+        // The six MI100 named by PCI address on `HOST`, and the MI50 by its serial.
+        (HOST, vec![("FAKE_ROCM_JSON", amd_file(&c, ROCM[1].file))]),
+        (
+            "mi50-node",
+            vec![("FAKE_ROCM_JSON", amd_file(&c, ROCM[3].file))],
+        ),
+        (
+            "gaudi-node",
+            vec![("FAKE_HL_TABLE", g.join("gaudi").join(GAUDI[0].file))],
+        ),
+    ];
+    for (i, (host, env)) in hosts.iter().enumerate() {
+        let mut cmd = agent(&bin);
+        cmd.args(["--once", "--no-cloud-metadata", "--server", &server.base()])
+            .args(["--token", &token, "--host", host, "--cluster", "lab"])
+            .args(["--label", "team=ml"])
+            .arg("--buffer-dir")
+            .arg(tmp.0.join(format!("buf-{i}")))
+            .arg("--proc-root")
+            .arg(tmp.0.join("no-proc"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let list = get_json(&server.base(), "/api/v1/gpus");
+    let items = list["items"].as_array().unwrap();
+    let find = |uuid: &str| {
+        items
+            .iter()
+            .find(|g| g["uuid"] == uuid)
+            .unwrap_or_else(|| panic!("{uuid} not listed: {list}"))
+    };
+    for e in ROCM[1].gpus.iter().chain(ROCM[3].gpus) {
+        let gpu = find(e.uuid);
+        assert_eq!(gpu["model"], e.model.unwrap());
+        assert_eq!(gpu["memory_mib"], e.memory_mib);
+        assert_eq!(gpu["team"], "ml");
+        assert_eq!(gpu["state"], "present");
+        assert_eq!(gpu["labels"]["card_vendor"], AMD_VENDOR);
+        assert_eq!(gpu["vendor"], "amd");
+    }
+    assert_eq!(find("AMD-SN-692024000810")["serial"], "692024000810");
+    assert_eq!(find("AMD-SN-692024000810")["host"], "mi50-node");
+    for (bus, _, _) in GAUDI[0].gpus {
+        let gpu = find(&format!("HL-PCI-gaudi-node-{bus}"));
+        assert_eq!(gpu["model"], "HL-225");
+        assert_eq!(gpu["memory_mib"], 98304);
+        assert_eq!(gpu["host"], "gaudi-node");
+        assert_eq!(gpu["vendor"], "intel");
+    }
+    // Activity: a measured 0 % is known, not missing.
+    let d = get_json(
+        &server.base(),
+        &format!("/api/v1/gpus/{}?{}", seg("AMD-SN-692024000810"), window()),
+    );
+    let hour = d["hours"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(hour["activity_pct"].as_f64(), Some(0.0), "{hour}");
+    assert_eq!(hour["power_w_avg"].as_f64(), Some(26.0), "{hour}");
+    let d = get_json(
+        &server.base(),
+        &format!(
+            "/api/v1/gpus/{}?{}",
+            seg("HL-PCI-gaudi-node-0000:4d:00.0"),
+            window()
+        ),
+    );
+    let allocs = d["allocations"].as_array().unwrap();
+    assert_eq!(allocs.len(), 1, "{d}");
+    assert_eq!(allocs[0]["workload"], "ray::_RayTrainW pid=107684");
+    assert_eq!(allocs[0]["source"], "accel-hosts");
+    server.stop();
 }
 
 // ---------------------------------------------------------------------------------------------

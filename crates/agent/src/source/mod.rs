@@ -1,11 +1,29 @@
-//! Where GPU readings come from: NVML, `nvidia-smi -q -x` or `nvidia-smi --query-gpu` CSV, and
-//! the one shape ([`Snapshot`]) they all produce.
+//! Where GPU readings come from, and the one shape ([`Snapshot`]) they all produce.
+//!
+//! | vendor | `--source` | reads | parsed in |
+//! | --- | --- | --- | --- |
+//! | NVIDIA | `nvml` | NVML (`libnvidia-ml.so.1`) | [`nvml`] |
+//! | NVIDIA | `smi-xml` | `nvidia-smi -q -x` (+ `-L` for MIG) | [`smi_xml`], [`smi_list`] |
+//! | NVIDIA | `smi-csv` | `nvidia-smi --query-gpu`, `--query-compute-apps` | [`smi_csv`] |
+//! | AMD | `amd-smi` | `amd-smi static`, `metric`, `process` (`--json`) | [`amd_smi`], [`amd`] |
+//! | AMD | `rocm-smi` | `rocm-smi … --json`, `rocm-smi --showpidgpus` | [`rocm_smi`], [`amd`] |
+//! | Intel Gaudi | `hl-smi` | `hl-smi -Q … -f csv` and plain `hl-smi`, or plain `hl-smi` alone | [`hl_smi`] |
+//!
+//! `auto` reads every vendor present on the host, each through the first of its sources that
+//! works (NVML, then `-q -x`, then the CSV query; `amd-smi`, then `rocm-smi`; `hl-smi`), and
+//! where none works says why each one did not. The tools are run here (through [`smi`]); the
+//! other modules only parse text.
 //!
 //! Unknown is not zero: every reading is an `Option`, and [`known`] and [`number`] turn
-//! nvidia-smi's `[N/A]`, `Not Supported`, `[Unknown Error]`, ... and NVML/DCGM sentinel values
-//! into `None` at the edge, so nothing downstream can mistake them for a measured 0.
+//! `[N/A]`, `N/A`, `Not Supported`, `[Unknown Error]`, ... and NVML/DCGM sentinel values into
+//! `None` at the edge, so nothing downstream can mistake them for a measured 0. Every reading
+//! goes through [`sanitize`].
 
+pub mod amd;
+pub mod amd_smi;
+pub mod hl_smi;
 pub mod nvml;
+pub mod rocm_smi;
 pub mod smi;
 pub mod smi_csv;
 pub mod smi_list;
@@ -13,6 +31,11 @@ pub mod smi_xml;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuledger_model::accel::is_usable_id;
+
+use smi::Smi;
 
 /// `nvidia-smi -L` failing is said once at `warn`, then at `debug`, not every interval.
 static LIST_FAILURE_SAID: AtomicBool = AtomicBool::new(false);
@@ -25,7 +48,8 @@ fn list_failed(e: &SourceError, consequence: &str) {
     }
 }
 
-/// How to read the GPUs. `Auto` tries NVML, then `nvidia-smi -q -x`, then the CSV query.
+/// How to read the GPUs. `Auto` reads every vendor present, each through the first of its
+/// sources that works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SourceKind {
     Auto,
@@ -34,27 +58,39 @@ pub enum SourceKind {
     SmiXml,
     #[value(name = "smi-csv")]
     SmiCsv,
+    #[value(name = "amd-smi")]
+    AmdSmi,
+    #[value(name = "rocm-smi")]
+    RocmSmi,
+    #[value(name = "hl-smi")]
+    HlSmi,
 }
 
 impl SourceKind {
+    pub const ALL: [SourceKind; 7] = [
+        SourceKind::Auto,
+        SourceKind::Nvml,
+        SourceKind::SmiXml,
+        SourceKind::SmiCsv,
+        SourceKind::AmdSmi,
+        SourceKind::RocmSmi,
+        SourceKind::HlSmi,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SourceKind::Auto => "auto",
             SourceKind::Nvml => "nvml",
             SourceKind::SmiXml => "smi-xml",
             SourceKind::SmiCsv => "smi-csv",
+            SourceKind::AmdSmi => "amd-smi",
+            SourceKind::RocmSmi => "rocm-smi",
+            SourceKind::HlSmi => "hl-smi",
         }
     }
 
     pub fn parse(s: &str) -> Option<SourceKind> {
-        [
-            SourceKind::Auto,
-            SourceKind::Nvml,
-            SourceKind::SmiXml,
-            SourceKind::SmiCsv,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+        SourceKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -77,9 +113,16 @@ pub struct GpuReading {
     pub cuda_version: Option<String>,
     /// `Some(true)` when MIG mode is enabled; `None` when the GPU does not support MIG.
     pub mig_enabled: Option<bool>,
+    /// The GPU a MIG instance or an AMD compute partition belongs to.
     pub mig_parent_uuid: Option<String>,
+    /// A MIG profile (`1g.10gb`) or an AMD partition mode (`CPX`).
     pub mig_profile: Option<String>,
-    /// 0..=100, like `DCGM_FI_DEV_GPU_UTIL`.
+    /// The maker the tool names (rocm-smi `Card Vendor`, amd-smi `vendor_name`), sent as the
+    /// `card_vendor` label: it tells a ROCm-family device of another maker (a Hygon DCU) from an
+    /// AMD GPU. `None` where the tool does not say (NVIDIA's tools, hl-smi).
+    pub card_vendor: Option<String>,
+    /// 0..=100: the share of time the device was busy (NVIDIA `utilization.gpu`, AMD
+    /// `GPU use (%)`/`gfx_activity`, Gaudi `utilization.aip`), like `DCGM_FI_DEV_GPU_UTIL`.
     pub util_pct: Option<f64>,
     pub mem_used_mib: Option<f64>,
     pub power_w: Option<f64>,
@@ -122,16 +165,26 @@ pub struct Snapshot {
 pub enum SourceError {
     #[error("NVML is not usable: {0}; install the NVIDIA driver (libnvidia-ml.so.1) or pick `--source smi-xml`/`smi-csv`")]
     Nvml(String),
-    #[error("could not run `{cmd}`: {reason}; check that nvidia-smi is installed and on PATH, or pass --nvidia-smi PATH")]
-    Command { cmd: String, reason: String },
+    #[error("`{program}` was not found; install it, or pass {flag} PATH where it is installed elsewhere")]
+    NotInstalled { program: String, flag: &'static str },
+    #[error("could not run `{cmd}`: {reason} (the program is set with {flag} PATH)")]
+    Command {
+        cmd: String,
+        reason: String,
+        flag: &'static str,
+    },
     #[error("`{cmd}` exited with {status}: {stderr}")]
     Exit {
         cmd: String,
         status: String,
         stderr: String,
     },
+    #[error("{what} lists no devices")]
+    NoDevices { what: String },
     #[error("no way to read GPUs on this host. {0}")]
     NoSource(String),
+    #[error("no source could be read: {0}")]
+    AllFailed(String),
     #[error("could not parse the output of {what}: {reason}")]
     Parse { what: &'static str, reason: String },
 }
@@ -173,6 +226,24 @@ pub fn known(raw: &str) -> Option<&str> {
 /// [`known`] as an owned string.
 pub fn known_string(raw: &str) -> Option<String> {
     known(raw).map(str::to_string)
+}
+
+/// A product name as a tool printed it, or `None` for an unknown marker, a bare PCI ID
+/// (`0x738c`) or a masked name (`DCU xxxx`, as sites redact output before sharing it).
+pub fn product_name(raw: &str) -> Option<String> {
+    let t = known(raw)?;
+    let lower = t.to_ascii_lowercase();
+    if lower.starts_with("0x") || lower.contains("xxxx") {
+        return None;
+    }
+    Some(t.to_string())
+}
+
+/// An identifier (serial, unique ID, PCI address) that names something, or `None` for an
+/// unknown marker, `0`, all zeros or a masked value (`gpuledger_model::accel::is_usable_id`).
+pub fn usable_id(raw: &str) -> Option<String> {
+    let t = known(raw)?;
+    is_usable_id(t).then(|| t.to_string())
 }
 
 /// A number with an optional unit (`"19968 MiB"`, `"67.03 W"`, `"0 %"`), or `None` when the field
@@ -238,71 +309,136 @@ pub fn sanitize(g: &mut GpuReading) {
     }
 }
 
-/// An opened source, ready to read every interval.
+/// How to run each vendor's tool, and what identities need.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub nvidia_smi: Smi,
+    pub amd_smi: Smi,
+    pub rocm_smi: Smi,
+    pub hl_smi: Smi,
+    /// This host's name: an AMD GPU or a Gaudi whose tool gives no usable serial is named by its
+    /// PCI address on this host.
+    pub host: Option<String>,
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools {
+            nvidia_smi: Smi::default(),
+            amd_smi: Smi::new("amd-smi", "--amd-smi"),
+            rocm_smi: Smi::new("rocm-smi", "--rocm-smi"),
+            hl_smi: Smi::new("hl-smi", "--hl-smi"),
+            host: None,
+        }
+    }
+}
+
+/// `amd-smi static` is re-read after this long (or at once when the GPUs listed change); what
+/// it says (names, serials, memory sizes) does not change between reads.
+const AMD_STATIC_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// The opened sources, one per vendor present, ready to read every interval.
 #[derive(Debug)]
 pub struct Reader {
+    parts: Vec<Part>,
+}
+
+/// One source.
+#[derive(Debug)]
+struct Part {
     how: How,
     /// The read `Auto` made to probe a source, handed out as the first read rather than thrown
-    /// away (so nvidia-smi does not run twice at start, and no read goes unreported).
+    /// away (so a tool does not run twice at start, and no read goes unreported).
     primed: Option<Snapshot>,
 }
 
 #[derive(Debug)]
 enum How {
     Nvml(Box<nvml::NvmlSource>),
-    SmiXml(smi::Smi),
-    SmiCsv(smi::Smi),
+    SmiXml(Smi),
+    SmiCsv(Smi),
+    AmdSmi(Box<AmdSmi>),
+    RocmSmi(Smi, Option<String>),
+    HlSmi(Box<HlSmi>),
 }
 
-impl Reader {
-    /// Open the source `kind`; `Auto` tries NVML, then `nvidia-smi -q -x`, then the CSV query,
-    /// and logs why each one it skipped was not usable.
-    pub fn open(kind: SourceKind, smi: smi::Smi) -> Result<Reader, SourceError> {
-        let plain = |how| Reader { how, primed: None };
-        match kind {
-            SourceKind::Nvml => Ok(plain(How::Nvml(Box::new(nvml::NvmlSource::open()?)))),
-            SourceKind::SmiXml => Ok(plain(How::SmiXml(smi))),
-            SourceKind::SmiCsv => Ok(plain(How::SmiCsv(smi))),
-            SourceKind::Auto => {
-                let nvml_err = match nvml::NvmlSource::open() {
-                    Ok(n) => return Ok(plain(How::Nvml(Box::new(n)))),
-                    Err(e) => e,
-                };
-                tracing::info!(reason = %nvml_err, "NVML not usable; trying `nvidia-smi -q -x`");
-                let mut xml = plain(How::SmiXml(smi.clone()));
-                let xml_err = match xml.read() {
-                    Ok(snap) => {
-                        xml.primed = Some(snap);
-                        return Ok(xml);
-                    }
-                    Err(e) => e,
-                };
-                tracing::info!(reason = %xml_err, "`nvidia-smi -q -x` not usable; trying `nvidia-smi --query-gpu`");
-                let mut csv = plain(How::SmiCsv(smi));
-                match csv.read() {
-                    Ok(snap) => {
-                        csv.primed = Some(snap);
-                        Ok(csv)
-                    }
-                    Err(csv_err) => Err(SourceError::NoSource(format!(
-                        "NVML: {nvml_err}. nvidia-smi -q -x: {xml_err}. nvidia-smi --query-gpu: {csv_err}"
-                    ))),
-                }
-            }
-        }
-    }
+#[derive(Debug)]
+struct AmdSmi {
+    smi: Smi,
+    host: Option<String>,
+    /// The last `amd-smi static` output and when it was read.
+    statics: Option<(String, Instant)>,
+    metric_args: &'static [&'static str],
+}
 
-    /// Which source this is (never `Auto`).
-    pub fn kind(&self) -> SourceKind {
-        match self.how {
+#[derive(Debug)]
+struct HlSmi {
+    smi: Smi,
+    host: Option<String>,
+    /// Decided by the first read that works: `false` when `hl-smi -Q` CSV works, `true` when
+    /// only the table does. Fixed afterwards, so a Gaudi keeps one identity.
+    table_only: Option<bool>,
+}
+
+impl How {
+    fn kind(&self) -> SourceKind {
+        match self {
             How::Nvml(_) => SourceKind::Nvml,
             How::SmiXml(_) => SourceKind::SmiXml,
             How::SmiCsv(_) => SourceKind::SmiCsv,
+            How::AmdSmi(_) => SourceKind::AmdSmi,
+            How::RocmSmi(..) => SourceKind::RocmSmi,
+            How::HlSmi(_) => SourceKind::HlSmi,
         }
     }
 
-    /// Read every GPU once.
-    pub fn read(&mut self) -> Result<Snapshot, SourceError> {
+    fn amd_smi(t: &Tools) -> How {
+        How::AmdSmi(Box::new(AmdSmi {
+            smi: t.amd_smi.clone(),
+            host: t.host.clone(),
+            statics: None,
+            metric_args: amd_smi::METRIC_ARGS,
+        }))
+    }
+
+    fn rocm_smi(t: &Tools) -> How {
+        How::RocmSmi(t.rocm_smi.clone(), t.host.clone())
+    }
+
+    fn hl_smi(t: &Tools) -> How {
+        How::HlSmi(Box::new(HlSmi {
+            smi: t.hl_smi.clone(),
+            host: t.host.clone(),
+            table_only: None,
+        }))
+    }
+}
+
+impl Part {
+    fn new(how: How) -> Part {
+        Part { how, primed: None }
+    }
+
+    fn kind(&self) -> SourceKind {
+        self.how.kind()
+    }
+
+    fn describe(&self) -> &'static str {
+        match &self.how {
+            How::Nvml(_) => "NVML (libnvidia-ml.so.1)",
+            How::SmiXml(_) => "`nvidia-smi -q -x`",
+            How::SmiCsv(_) => "`nvidia-smi --query-gpu --format=csv`",
+            How::AmdSmi(_) => "`amd-smi static/metric/process --json`",
+            How::RocmSmi(..) => "`rocm-smi --json`",
+            How::HlSmi(h) => match h.table_only {
+                Some(false) => "`hl-smi -Q … -f csv` (processes from `hl-smi`'s table)",
+                Some(true) => "`hl-smi`'s table",
+                None => "`hl-smi`",
+            },
+        }
+    }
+
+    fn read(&mut self) -> Result<Snapshot, SourceError> {
         if let Some(snap) = self.primed.take() {
             return Ok(snap);
         }
@@ -310,11 +446,173 @@ impl Reader {
             How::Nvml(n) => n.read(),
             How::SmiXml(smi) => read_xml(smi),
             How::SmiCsv(smi) => read_csv(smi),
+            How::AmdSmi(a) => read_amd_smi(a),
+            How::RocmSmi(smi, host) => read_rocm_smi(smi, host.as_deref()),
+            How::HlSmi(h) => read_hl_smi(h),
+        }
+    }
+
+    /// Read once to see whether this source works here and finds devices; the read is kept as
+    /// the first one.
+    fn probe(how: How) -> Result<Part, SourceError> {
+        let mut part = Part::new(how);
+        let snap = part.read()?;
+        if snap.gpus.is_empty() {
+            return Err(SourceError::NoDevices {
+                what: part.describe().to_string(),
+            });
+        }
+        part.primed = Some(snap);
+        Ok(part)
+    }
+}
+
+/// NVML, then `nvidia-smi -q -x`, then the CSV query; what each failure was when none works.
+fn open_nvidia(smi: &Smi) -> Result<Part, String> {
+    let nvml_err = match nvml::NvmlSource::open() {
+        Ok(n) => return Ok(Part::new(How::Nvml(Box::new(n)))),
+        Err(e) => e,
+    };
+    tracing::info!(reason = %nvml_err, "NVML not usable; trying `nvidia-smi -q -x`");
+    let mut xml = Part::new(How::SmiXml(smi.clone()));
+    let xml_err = match xml.read() {
+        Ok(snap) => {
+            xml.primed = Some(snap);
+            return Ok(xml);
+        }
+        Err(e) => e,
+    };
+    if matches!(xml_err, SourceError::NotInstalled { .. }) {
+        // No nvidia-smi: the usual case on another vendor's host, and the CSV query fails too.
+        tracing::debug!(reason = %xml_err, "`nvidia-smi` not installed");
+        return Err(format!(
+            "NVML: {nvml_err}. nvidia-smi -q -x: {xml_err}. nvidia-smi --query-gpu: not tried"
+        ));
+    }
+    tracing::info!(reason = %xml_err, "`nvidia-smi -q -x` not usable; trying `nvidia-smi --query-gpu`");
+    let mut csv = Part::new(How::SmiCsv(smi.clone()));
+    match csv.read() {
+        Ok(snap) => {
+            csv.primed = Some(snap);
+            Ok(csv)
+        }
+        Err(csv_err) => {
+            tracing::info!(reason = %csv_err, "`nvidia-smi --query-gpu` not usable");
+            Err(format!(
+                "NVML: {nvml_err}. nvidia-smi -q -x: {xml_err}. nvidia-smi --query-gpu: {csv_err}"
+            ))
         }
     }
 }
 
-fn read_xml(smi: &smi::Smi) -> Result<Snapshot, SourceError> {
+/// The first of `candidates` that works and finds devices; what each failure was when none does.
+fn open_first(candidates: Vec<How>) -> Result<Part, String> {
+    let mut why = Vec::new();
+    for how in candidates {
+        let kind = how.kind();
+        match Part::probe(how) {
+            Ok(p) => return Ok(p),
+            Err(e) => {
+                // A tool that is not installed is the usual case on another vendor's host.
+                if matches!(e, SourceError::NotInstalled { .. }) {
+                    tracing::debug!(source = %kind, reason = %e, "not usable");
+                } else {
+                    tracing::info!(source = %kind, reason = %e, "`{kind}` not usable");
+                }
+                why.push(format!("{kind}: {e}"));
+            }
+        }
+    }
+    Err(why.join(". "))
+}
+
+impl Reader {
+    /// Open the source `kind`; `Auto` opens every vendor's first working source, logs why each
+    /// one it skipped was not usable, and fails, saying why for each, only where none works.
+    pub fn open(kind: SourceKind, tools: &Tools) -> Result<Reader, SourceError> {
+        let one = |how| Reader {
+            parts: vec![Part::new(how)],
+        };
+        Ok(match kind {
+            SourceKind::Nvml => one(How::Nvml(Box::new(nvml::NvmlSource::open()?))),
+            SourceKind::SmiXml => one(How::SmiXml(tools.nvidia_smi.clone())),
+            SourceKind::SmiCsv => one(How::SmiCsv(tools.nvidia_smi.clone())),
+            SourceKind::AmdSmi => one(How::amd_smi(tools)),
+            SourceKind::RocmSmi => one(How::rocm_smi(tools)),
+            SourceKind::HlSmi => one(How::hl_smi(tools)),
+            SourceKind::Auto => {
+                let mut parts = Vec::new();
+                let mut why = Vec::new();
+                for vendor in [
+                    open_nvidia(&tools.nvidia_smi),
+                    open_first(vec![How::amd_smi(tools), How::rocm_smi(tools)]),
+                    open_first(vec![How::hl_smi(tools)]),
+                ] {
+                    match vendor {
+                        Ok(p) => parts.push(p),
+                        Err(w) => why.push(w),
+                    }
+                }
+                if parts.is_empty() {
+                    return Err(SourceError::NoSource(format!("{}.", why.join(". "))));
+                }
+                Reader { parts }
+            }
+        })
+    }
+
+    /// The sources in use (never `Auto`), each with what it runs, in the order they are read.
+    pub fn sources(&self) -> Vec<(SourceKind, &'static str)> {
+        self.parts
+            .iter()
+            .map(|p| (p.kind(), p.describe()))
+            .collect()
+    }
+
+    /// Read every GPU once. With several sources (an NVIDIA and an AMD GPU in one host), one
+    /// that fails leaves its GPUs out of this read, and the process list counts as unknown
+    /// (running allocations stay open); the read fails only when every source fails.
+    pub fn read(&mut self) -> Result<Snapshot, SourceError> {
+        if let [part] = self.parts.as_mut_slice() {
+            return part.read();
+        }
+        let mut out = Snapshot::default();
+        let mut failures = Vec::new();
+        for p in &mut self.parts {
+            match p.read() {
+                Ok(s) => {
+                    out.gpus.extend(s.gpus);
+                    out.processes.extend(s.processes);
+                    out.processes_failed |= s.processes_failed;
+                }
+                Err(e) => {
+                    tracing::warn!(source = %p.kind(), error = %e, "could not read these GPUs; no samples from them this interval (unknown, not zero)");
+                    out.processes_failed = true;
+                    failures.push(format!("{}: {e}", p.kind()));
+                }
+            }
+        }
+        if failures.len() == self.parts.len() {
+            return Err(SourceError::AllFailed(failures.join(". ")));
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for Reader {
+    /// `smi-xml`, or `nvml+rocm-smi` on a host with two vendors' GPUs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            f.write_str(p.kind().as_str())?;
+        }
+        Ok(())
+    }
+}
+
+fn read_xml(smi: &Smi) -> Result<Snapshot, SourceError> {
     let xml = smi.run(&["-q", "-x"])?;
     let snap = smi_xml::parse(&xml, &[])?;
     if !snap.gpus.iter().any(|g| g.mig_enabled == Some(true)) {
@@ -333,7 +631,7 @@ fn read_xml(smi: &smi::Smi) -> Result<Snapshot, SourceError> {
     }
 }
 
-fn read_csv(smi: &smi::Smi) -> Result<Snapshot, SourceError> {
+fn read_csv(smi: &Smi) -> Result<Snapshot, SourceError> {
     let q = format!("--query-gpu={}", smi_csv::GPU_FIELDS);
     let mut gpus = smi_csv::parse_gpus(&smi.run(&[&q, "--format=csv"])?)?;
     if gpus.iter().any(|g| g.mig_enabled == Some(true)) {
@@ -358,6 +656,121 @@ fn read_csv(smi: &smi::Smi) -> Result<Snapshot, SourceError> {
         processes,
         processes_failed,
     })
+}
+
+fn read_amd_smi(a: &mut AmdSmi) -> Result<Snapshot, SourceError> {
+    let metric = match a.smi.run(a.metric_args) {
+        Ok(m) => m,
+        Err(first @ SourceError::Exit { .. }) if a.metric_args == amd_smi::METRIC_ARGS => {
+            // An amd-smi that does not know the section flags: ask for every metric.
+            match a.smi.run(amd_smi::METRIC_ARGS_ALL) {
+                Ok(m) => {
+                    a.metric_args = amd_smi::METRIC_ARGS_ALL;
+                    m
+                }
+                Err(_) => return Err(first),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    let fresh = a.statics.as_ref().is_some_and(|(text, at)| {
+        at.elapsed() < AMD_STATIC_MAX_AGE
+            && amd_smi::gpu_indices(text) == amd_smi::gpu_indices(&metric)
+    });
+    if !fresh {
+        a.statics = Some((a.smi.run(amd_smi::STATIC_ARGS)?, Instant::now()));
+    }
+    let statics = a
+        .statics
+        .as_ref()
+        .map(|(t, _)| t.as_str())
+        .unwrap_or_default();
+    let process = match a.smi.run(amd_smi::PROCESS_ARGS) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list AMD GPU processes; allocations are left as they were");
+            None
+        }
+    };
+    amd_smi::parse(statics, &metric, process.as_deref(), a.host.as_deref())
+}
+
+fn read_rocm_smi(smi: &Smi, host: Option<&str>) -> Result<Snapshot, SourceError> {
+    let json = smi.run(rocm_smi::ARGS)?;
+    // `--showpids` put a `PID<n>` entry per process in the JSON; without any there is no process
+    // to place on a GPU, and no need to ask which GPUs they use.
+    let pid_gpus = if json.contains("\"PID") {
+        match smi.run(rocm_smi::PID_GPUS_ARGS) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list which AMD GPUs processes use; allocations are left as they were");
+                None
+            }
+        }
+    } else {
+        Some(String::new())
+    };
+    rocm_smi::parse(&json, pid_gpus.as_deref(), host)
+}
+
+fn read_hl_smi(h: &mut HlSmi) -> Result<Snapshot, SourceError> {
+    match h.table_only {
+        Some(false) => return read_hl_csv(h),
+        Some(true) => return read_hl_table(h),
+        None => {}
+    }
+    let csv_err = match read_hl_csv(h) {
+        Ok(snap) => {
+            h.table_only = Some(false);
+            return Ok(snap);
+        }
+        Err(e @ SourceError::NotInstalled { .. }) => return Err(e),
+        Err(e) => e,
+    };
+    match read_hl_table(h) {
+        Ok(snap) => {
+            tracing::info!(reason = %csv_err, "`hl-smi -Q` not usable; reading hl-smi's table, which names Gaudis by PCI address, not by serial");
+            h.table_only = Some(true);
+            Ok(snap)
+        }
+        Err(table_err) => Err(SourceError::AllFailed(format!(
+            "hl-smi -Q: {csv_err}. hl-smi (table): {table_err}"
+        ))),
+    }
+}
+
+fn read_hl_csv(h: &HlSmi) -> Result<Snapshot, SourceError> {
+    let host = h.host.as_deref();
+    let gpus = hl_smi::parse_csv(&h.smi.run(hl_smi::QUERY_ARGS)?, host)?;
+    // Only the table lists processes.
+    let processes = match h.smi.run(&[]) {
+        Ok(table) => {
+            let p = hl_smi::processes_from_table(&gpus, &table);
+            if p.is_none() {
+                tracing::warn!("hl-smi's table has no complete process list; allocations are left as they were");
+            }
+            p
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list Gaudi processes; allocations are left as they were");
+            None
+        }
+    };
+    Ok(Snapshot {
+        gpus,
+        processes_failed: processes.is_none(),
+        processes: processes.unwrap_or_default(),
+    })
+}
+
+fn read_hl_table(h: &HlSmi) -> Result<Snapshot, SourceError> {
+    let snap = hl_smi::parse_table(&h.smi.run(&[])?, h.host.as_deref())?;
+    if snap.processes_failed {
+        tracing::warn!(
+            "hl-smi's table has no complete process list; allocations are left as they were"
+        );
+    }
+    Ok(snap)
 }
 
 /// Add the MIG instances `nvidia-smi -L` lists as children of the GPUs already read.
@@ -408,6 +821,44 @@ mod tests {
             assert_eq!(number(raw), None, "{raw:?}");
         }
         assert_eq!(known(" Tesla T4 "), Some("Tesla T4"));
+    }
+
+    #[test]
+    fn source_kinds_round_trip_and_masked_names_are_unknown() {
+        for k in SourceKind::ALL {
+            assert_eq!(SourceKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(SourceKind::parse("rocm"), None);
+        assert_eq!(product_name("DCU xxxx"), None);
+        assert_eq!(product_name("0x738c"), None);
+        assert_eq!(product_name("N/A"), None);
+        assert_eq!(
+            product_name(" Arcturus GL-XL [Instinct MI100] ").as_deref(),
+            Some("Arcturus GL-XL [Instinct MI100]")
+        );
+        for id in ["TPXxxxx", "0", "N/A", "[N/A]", "0x0000", ""] {
+            assert_eq!(usable_id(id), None, "{id:?}");
+        }
+        assert_eq!(usable_id(" 692024000810 ").as_deref(), Some("692024000810"));
+    }
+
+    #[test]
+    fn a_missing_tool_is_not_installed_and_names_its_flag() {
+        let smi = Smi::new("/nonexistent/gpuledger-test/rocm-smi", "--rocm-smi");
+        let err = smi.run(&["--json"]).unwrap_err();
+        assert!(matches!(err, SourceError::NotInstalled { .. }), "{err}");
+        assert!(err.to_string().contains("--rocm-smi PATH"), "{err}");
+        let tools = Tools {
+            nvidia_smi: Smi::new("/nonexistent/nvidia-smi", "--nvidia-smi"),
+            amd_smi: Smi::new("/nonexistent/amd-smi", "--amd-smi"),
+            rocm_smi: Smi::new("/nonexistent/rocm-smi", "--rocm-smi"),
+            hl_smi: Smi::new("/nonexistent/hl-smi", "--hl-smi"),
+            host: None,
+        };
+        // An explicit source opens without running anything; its first read says why it fails.
+        let mut r = Reader::open(SourceKind::HlSmi, &tools).unwrap();
+        assert_eq!(r.to_string(), "hl-smi");
+        assert!(matches!(r.read(), Err(SourceError::NotInstalled { .. })));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Running `nvidia-smi`: a bounded wait and a bounded output, so a hung driver call can neither
-//! stall the agent forever nor grow its memory.
+//! Running a vendor's tool (`nvidia-smi`, `amd-smi`, `rocm-smi`, `hl-smi`): a bounded wait and a
+//! bounded output, so a hung driver call can neither stall the agent forever nor grow its memory.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -9,29 +9,39 @@ use std::time::{Duration, Instant};
 use super::SourceError;
 
 /// Output beyond this is cut off; `nvidia-smi -q -x` for 8 GPUs with many processes is well
-/// under 1 MiB.
+/// under 1 MiB, and so is `amd-smi static --json` for 8 GPUs.
 const MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 const MAX_STDERR_BYTES: u64 = 64 * 1024;
 
-/// How to run nvidia-smi.
+/// How to run one tool.
 #[derive(Debug, Clone)]
 pub struct Smi {
-    /// The program: `nvidia-smi` (looked up on PATH) or a full path.
+    /// The program: a name looked up on PATH (`nvidia-smi`) or a full path.
     pub program: PathBuf,
     /// Longest a run may take before it is killed.
     pub timeout: Duration,
+    /// The agent flag that names the program, for error messages (`--nvidia-smi`).
+    pub flag: &'static str,
 }
 
 impl Default for Smi {
+    /// `nvidia-smi` on PATH.
     fn default() -> Self {
-        Smi {
-            program: PathBuf::from("nvidia-smi"),
-            timeout: Duration::from_secs(20),
-        }
+        Smi::new("nvidia-smi", "--nvidia-smi")
     }
 }
 
 impl Smi {
+    /// `program` (a name on PATH or a path), named by the agent flag `flag`, with the default
+    /// timeout of 20 s.
+    pub fn new(program: impl Into<PathBuf>, flag: &'static str) -> Smi {
+        Smi {
+            program: program.into(),
+            timeout: Duration::from_secs(20),
+            flag,
+        }
+    }
+
     fn command_line(&self, args: &[&str]) -> String {
         let mut s = self.program.display().to_string();
         for a in args {
@@ -50,9 +60,16 @@ impl Smi {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| SourceError::Command {
-                cmd: cmd.clone(),
-                reason: e.to_string(),
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => SourceError::NotInstalled {
+                    program: self.program.display().to_string(),
+                    flag: self.flag,
+                },
+                _ => SourceError::Command {
+                    cmd: cmd.clone(),
+                    reason: e.to_string(),
+                    flag: self.flag,
+                },
             })?;
         let stdout = child.stdout.take();
         // Read stdout on a helper thread so that a large output cannot fill the pipe and block
@@ -78,6 +95,7 @@ impl Smi {
                             "did not finish within {} s and was stopped",
                             self.timeout.as_secs()
                         ),
+                        flag: self.flag,
                     });
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
@@ -86,6 +104,7 @@ impl Smi {
                     return Err(SourceError::Command {
                         cmd,
                         reason: e.to_string(),
+                        flag: self.flag,
                     });
                 }
             }

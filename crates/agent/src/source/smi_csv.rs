@@ -15,7 +15,7 @@ pub const GPU_FIELDS: &str = "uuid,name,memory.total,memory.used,utilization.gpu
 /// The fields the agent asks `--query-compute-apps` for.
 pub const APP_FIELDS: &str = "gpu_uuid,pid,process_name,used_gpu_memory";
 
-fn parse_error(what: &'static str, reason: impl Into<String>) -> SourceError {
+pub(crate) fn parse_error(what: &'static str, reason: impl Into<String>) -> SourceError {
     SourceError::Parse {
         what,
         reason: reason.into(),
@@ -33,7 +33,10 @@ fn column_key(header: &str) -> String {
 }
 
 /// Rows as maps from column key to raw text.
-fn rows(text: &str, what: &'static str) -> Result<Vec<HashMap<String, String>>, SourceError> {
+pub(crate) fn rows(
+    text: &str,
+    what: &'static str,
+) -> Result<Vec<HashMap<String, String>>, SourceError> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(true)
@@ -64,12 +67,12 @@ fn rows(text: &str, what: &'static str) -> Result<Vec<HashMap<String, String>>, 
     Ok(out)
 }
 
-fn first<'a>(row: &'a HashMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+pub(crate) fn first<'a>(row: &'a HashMap<String, String>, keys: &[&str]) -> Option<&'a str> {
     keys.iter()
         .find_map(|k| row.get(*k).map(String::as_str).and_then(known))
 }
 
-fn first_number(row: &HashMap<String, String>, keys: &[&str]) -> Option<f64> {
+pub(crate) fn first_number(row: &HashMap<String, String>, keys: &[&str]) -> Option<f64> {
     keys.iter()
         .find_map(|k| row.get(*k).and_then(|v| number(v)))
 }
