@@ -226,13 +226,15 @@ impl Store {
         filters: &Filters,
     ) -> Result<Vec<(String, ActivityEvidence)>> {
         let (clause, binds) = self.filtered_ids_clause(filters, 1);
-        // One pass over the day rollups, grouped per GPU.
+        // Each GPU's day rows newest first (`gpu_days_gpu`), to the first that qualifies: a
+        // GPU busy or measured lately reads a row or two, whatever the history kept.
         let sql = format!(
-            "SELECT g.uuid, e.last_busy, e.last_known FROM gpus g LEFT JOIN (\
-               SELECT gpu_id, MAX(CASE WHEN known_hours > idle_hours THEN day END) AS last_busy, \
-               MAX(CASE WHEN known_hours > 0 THEN day END) AS last_known \
-               FROM gpu_days GROUP BY gpu_id\
-             ) e ON e.gpu_id = g.id WHERE g.mig_parent_uuid IS NULL{clause}"
+            "SELECT g.uuid, \
+             (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.known_hours > d.idle_hours \
+              ORDER BY d.day DESC LIMIT 1) AS last_busy, \
+             (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.known_hours > 0 \
+              ORDER BY d.day DESC LIMIT 1) AS last_known \
+             FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql).persistent(false);

@@ -144,6 +144,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "vendor",
         include_str!("../migrations/sqlite/0011_vendor.sql"),
     ),
+    (
+        12,
+        "day_by_gpu",
+        include_str!("../migrations/sqlite/0012_day_by_gpu.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -200,6 +205,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         11,
         "vendor",
         include_str!("../migrations/postgres/0011_vendor.sql"),
+    ),
+    (
+        12,
+        "day_by_gpu",
+        include_str!("../migrations/postgres/0012_day_by_gpu.sql"),
     ),
 ];
 

@@ -190,10 +190,16 @@ impl Store {
         } else {
             " AND g.mig_parent_uuid IS NULL"
         };
+        // A list shows no attribute provenance and no holders: those two columns, most of a
+        // record's bytes, are left unread.
+        let columns = GPU_COLUMNS
+            .replace(", ", ", g.")
+            .replacen("id", "g.id", 1)
+            .replace("g.attr_seen", "'{}' AS attr_seen")
+            .replace("g.holders", "'[]' AS holders");
         let sql = format!(
-            "SELECT {} FROM gpus g WHERE 1 = 1{mig}{clause} \
-             ORDER BY g.host, g.mig_parent_uuid IS NOT NULL, g.mig_parent_uuid, g.pci_bus_id, g.uuid",
-            GPU_COLUMNS.replace(", ", ", g.").replacen("id", "g.id", 1)
+            "SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{clause} \
+             ORDER BY g.host, g.mig_parent_uuid IS NOT NULL, g.mig_parent_uuid, g.pci_bus_id, g.uuid"
         );
         let sql = self.sql(&sql);
         let mut q = sqlx::query(&sql).persistent(false);
