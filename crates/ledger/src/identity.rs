@@ -14,8 +14,9 @@ pub fn may_absorb_placeholder(new: &GpuRecord) -> bool {
 
 /// Where slot `slot` of an allocation made on a host's GPU pool (`placeholder:<host>:<slot>`)
 /// lands once the host has real GPUs: on a GPU where another source saw the same workload
-/// (`evidence`), else on the host's physical GPUs in UUID order; `None` while the host has no
-/// real GPU (the allocation stays on the pool).
+/// (`evidence`), else on the host's physical GPUs in the order `physical` gives them (the store
+/// gives PCI address order: slot `n` is the device Slurm and CUDA number `n`); `None` while the
+/// host has no real GPU (the allocation stays on the pool).
 pub fn pool_target<'a>(
     slot: u32,
     physical: &'a [String],

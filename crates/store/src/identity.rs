@@ -606,7 +606,8 @@ impl Store {
     /// Allocations a count-only source made on a host's GPU pool (`placeholder:<host>:<slot>`)
     /// go to exact GPUs once the host has real ones: to the GPUs or MIG instances where another
     /// source saw the same workload (dcgm-exporter's pod labels), else to the host's physical
-    /// GPUs in UUID order, slot by slot. Rows this source left for the same allocation on the
+    /// GPUs in PCI address order (UUID order where no address is known), slot by slot: the
+    /// order Slurm's GPU indexes (`IDX`) and CUDA's `PCI_BUS_ID` numbering follow. Rows this source left for the same allocation on the
     /// host's other GPUs are removed, so an allocation moves to its exact GPU and never doubles.
     pub(crate) async fn resolve_pool_allocations(
         &self,
@@ -647,7 +648,7 @@ impl Store {
             if !hosts.contains_key(&host) {
                 let rows: Vec<(i64, String, i64, Option<String>)> = sqlx::query_as(&self.sql(
                     "SELECT id, uuid, placeholder, mig_parent_uuid FROM gpus WHERE host = $1 \
-                     ORDER BY uuid",
+                     ORDER BY CASE WHEN pci_bus_id IS NULL THEN 1 ELSE 0 END, LOWER(pci_bus_id), uuid",
                 ))
                 .bind(host.clone())
                 .fetch_all(&mut **tx)

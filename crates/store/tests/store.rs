@@ -156,6 +156,7 @@ both!(
     a_stopped_instance_stops_counting_when_the_cloud_says,
     an_authoritative_sheet_ends_what_it_no_longer_lists,
     a_mixed_vendor_fleet_is_one_ledger,
+    pool_slots_land_on_gpus_in_pci_order,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -2159,7 +2160,10 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
         assert_eq!(unowned.len(), owned.len(), "{from}–{to}");
         for (a, b) in unowned.iter().zip(&owned) {
             assert_eq!(counts(a), counts(b), "{from}–{to}");
-            assert!((a.activity_sum - b.activity_sum).abs() < 1e-6, "{from}–{to}");
+            assert!(
+                (a.activity_sum - b.activity_sum).abs() < 1e-6,
+                "{from}–{to}"
+            );
         }
         assert_eq!(
             unowned.iter().map(|p| p.gpu_hours).sum::<i64>(),
@@ -3535,5 +3539,107 @@ async fn a_mixed_vendor_fleet_is_one_ledger(store: Store) {
     assert_eq!(
         store.distinct("vendor").await.unwrap(),
         ["amd", "intel", "nvidia"]
+    );
+}
+
+/// Slot `n` of a host's GPU pool (a Slurm job's `IDX:n`, a count source's slot) is the host's
+/// `n`-th GPU by PCI address, the order Slurm and CUDA number devices in, not by UUID: here the
+/// UUID order is the reverse of the PCI order, and a GPU without an address comes last.
+async fn pool_slots_land_on_gpus_in_pci_order(store: Store) {
+    let slurm = who("slurm", None);
+    let agent = who("agent", None);
+    store
+        .observe_host_gpu_count(
+            &slurm,
+            &HostGpus {
+                host: "gpu-n1".into(),
+                count: 3,
+                model: Some("NVIDIA H100 80GB HBM3".into()),
+                ..Default::default()
+            },
+            t("2026-12-02T08:00:00Z"),
+        )
+        .await
+        .unwrap();
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[
+              {{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"gpu-n1","pci_bus_id":"00000000:BB:00.0","observed_at":"2026-12-02T08:05:00Z"}},
+              {{"uuid":"{B}","model":"NVIDIA H100 80GB HBM3","host":"gpu-n1","pci_bus_id":"00000000:1a:00.0","observed_at":"2026-12-02T08:05:00Z"}},
+              {{"uuid":"{C}","model":"NVIDIA H100 80GB HBM3","host":"gpu-n1","observed_at":"2026-12-02T08:05:00Z"}}]}}"#
+        ),
+        t("2026-12-02T08:05:00Z"),
+    )
+    .await;
+    let job = |name: &str, slots: &[u32]| {
+        let held: Vec<String> = slots
+            .iter()
+            .map(|slot| {
+                format!(
+                    r#"{{"gpu_uuid":"placeholder:gpu-n1:{slot}","start":"2026-12-02T08:10:00Z","workload":"{name}","kind":"slurm_job","user":"ana"}}"#
+                )
+            })
+            .collect();
+        format!(r#"{{"allocations":[{}]}}"#, held.join(","))
+    };
+    let on = |uuid: &'static str, name: &'static str| {
+        let store = &store;
+        async move {
+            workloads_on(store, uuid)
+                .await
+                .into_iter()
+                .filter(|w| w.0 == name)
+                .count()
+        }
+    };
+    // A job on slots 0 and 1 holds the two lowest PCI addresses, B then A.
+    collect_at(
+        &store,
+        &slurm,
+        &job("job-7", &[0, 1]),
+        t("2026-12-02T08:11:00Z"),
+    )
+    .await;
+    assert_eq!(
+        (
+            on(B, "job-7").await,
+            on(A, "job-7").await,
+            on(C, "job-7").await
+        ),
+        (1, 1, 0)
+    );
+    // Slot 2 is the GPU without an address.
+    collect_at(
+        &store,
+        &slurm,
+        &job("job-8", &[2]),
+        t("2026-12-02T08:11:00Z"),
+    )
+    .await;
+    assert_eq!(
+        (
+            on(B, "job-8").await,
+            on(A, "job-8").await,
+            on(C, "job-8").await
+        ),
+        (0, 0, 1)
+    );
+    // Slot 0 alone lands on the lowest PCI address, whatever the UUIDs say.
+    collect_at(
+        &store,
+        &slurm,
+        &job("job-9", &[0]),
+        t("2026-12-02T08:12:00Z"),
+    )
+    .await;
+    assert_eq!(
+        (
+            on(B, "job-9").await,
+            on(A, "job-9").await,
+            on(C, "job-9").await
+        ),
+        (1, 0, 0)
     );
 }
