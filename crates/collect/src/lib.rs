@@ -167,8 +167,22 @@ pub const KINDS: &[&str] = &[
     collectors::spreadsheet::KIND,
 ];
 
+/// Other names a `type` may give a kind: `gpu-metrics` is the vendor-neutral name of the
+/// collector that reads GPU exporters (dcgm-exporter, AMD's device-metrics-exporter, the Gaudi
+/// metric exporter), whose kind is `dcgm` for the configurations written before it read more.
+pub const KIND_ALIASES: &[(&str, &str)] = &[("gpu-metrics", collectors::dcgm::KIND)];
+
+/// The kind `kind` names: itself, or the kind an alias stands for.
+pub fn canonical_kind(kind: &str) -> &str {
+    KIND_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == kind)
+        .map_or(kind, |(_, k)| k)
+}
+
 /// Whether `kind` names a collector of this build, with a message for config errors.
 fn check_kind(kind: &str) -> Result<(), String> {
+    let kind = canonical_kind(kind);
     if KINDS.contains(&kind) {
         Ok(())
     } else if KINDS.is_empty() {
@@ -177,9 +191,14 @@ fn check_kind(kind: &str) -> Result<(), String> {
              POST /api/v1/ingest or run the agent instead"
         ))
     } else {
+        let aliases: Vec<String> = KIND_ALIASES
+            .iter()
+            .map(|(alias, k)| format!("`{alias}` is another name for `{k}`"))
+            .collect();
         Err(format!(
-            "unknown collector type `{kind}`; known: {}",
-            KINDS.join(", ")
+            "unknown collector type `{kind}`; known: {} ({})",
+            KINDS.join(", "),
+            aliases.join("; ")
         ))
     }
 }
@@ -266,13 +285,15 @@ impl Entry {
         };
         let kind = text("type", "the collector kind");
         let name = text("name", "the source name it reports as");
-        let kind = kind.filter(|k| match check_kind(k) {
-            Ok(()) => true,
-            Err(e) => {
-                problems.push(EntryProblem::at("type", e));
-                false
-            }
-        });
+        let kind = kind
+            .filter(|k| match check_kind(k) {
+                Ok(()) => true,
+                Err(e) => {
+                    problems.push(EntryProblem::at("type", e));
+                    false
+                }
+            })
+            .map(|k| canonical_kind(&k).to_string());
         let (lo, hi) = (*INTERVAL_SECS_RANGE.start(), *INTERVAL_SECS_RANGE.end());
         let interval_secs = match table.get("interval_secs").map(|i| i.as_integer()) {
             None => DEFAULT_INTERVAL_SECS,
@@ -401,7 +422,7 @@ impl Settings {
     /// [`COMMON_KEYS`].
     pub fn parse(kind: &str, name: &str, own: &toml_edit::Table) -> Result<Settings, CollectError> {
         use collectors::{aws, azure, billing, dcgm, gcp, kubernetes, slurm, spreadsheet};
-        Ok(match kind {
+        Ok(match canonical_kind(kind) {
             aws::KIND => Settings::Aws(aws::AwsConfig::from_settings(own)?),
             azure::KIND => Settings::Azure(azure::AzureConfig::from_settings(own)?),
             gcp::KIND => Settings::Gcp(gcp::GcpConfig::from_settings(own)?),
@@ -511,6 +532,23 @@ mod tests {
             "{e}"
         );
         assert!(build("nope", "x", "").is_err());
+    }
+
+    #[test]
+    fn gpu_metrics_is_another_name_for_dcgm() {
+        assert!(check_kind("gpu-metrics").is_ok());
+        let c = build(
+            "gpu-metrics",
+            "mixed-farm",
+            "type = \"gpu-metrics\"\nname = \"mixed-farm\"\nendpoints = [\"http://127.0.0.1:9400/metrics\"]\n",
+        )
+        .unwrap();
+        assert_eq!((c.kind(), c.name()), ("dcgm", "mixed-farm"));
+        let e = check_kind("gpu-metric").unwrap_err();
+        assert!(
+            e.contains("`gpu-metrics` is another name for `dcgm`"),
+            "{e}"
+        );
     }
 
     #[test]
