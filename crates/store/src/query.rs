@@ -406,25 +406,65 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<GpuWindow>> {
+        // Most GPUs keep one owner period over the whole window: their rows are summed per
+        // GPU without looking up a period for each row (most of the cost), then given that
+        // period. Only the GPUs whose owner changed within the window (`nc`) are read row by
+        // row, each row under the period it fell in, through the per-GPU indexes.
+        let (binds_at, unowned) = unowned_window_rows(window, now);
+        let (_, changed) = window_rows_of_only(window, now, "nc");
+        const HI: &str = "(CASE WHEN $6 > $4 THEN $6 ELSE $4 END)";
+        let rows = format!(
+            "SELECT a.gpu_id, c.from_ts AS o_from, a.present, a.known, a.idle, a.alloc, \
+             a.alloc_idle, a.act, a.mem, a.b_hours, a.b_usd \
+             FROM (SELECT gpu_id, {WINDOW_SUMS} FROM ({unowned}) u GROUP BY gpu_id) a \
+             JOIN cover c ON c.gpu_id = a.gpu_id \
+             UNION ALL SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({changed}) u \
+             GROUP BY gpu_id, o_from"
+        );
+        let ctes = format!(
+            "{SPLIT_DAYS}, \
+             span AS (SELECT gpu_id, from_ts, to_ts FROM gpu_owners \
+               WHERE from_ts < {HI} AND to_ts > $3), \
+             cover AS (SELECT gpu_id, from_ts FROM span WHERE from_ts <= $3 AND to_ts >= {HI}), \
+             nc AS (SELECT DISTINCT gpu_id FROM span \
+               WHERE NOT (from_ts <= $3 AND to_ts >= {HI}))"
+        );
+        self.gpu_windows_from(&ctes, &rows, binds_at, filters).await
+    }
+
+    /// [`Store::gpu_windows`] read the plain way, every row joined to the owner period it fell
+    /// in: the same figures by the definition itself, for tests of the fast path.
+    pub async fn gpu_windows_joined(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
         let (binds_at, union) = window_rows(window, now);
+        let rows = format!(
+            "SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({union}) u GROUP BY gpu_id, o_from"
+        );
+        self.gpu_windows_from(SPLIT_DAYS, &rows, binds_at, filters)
+            .await
+    }
+
+    /// Per-GPU window counts from `rows` (one row per GPU and owner period: `gpu_id`,
+    /// `o_from` and [`WINDOW_SUMS`]) after the CTEs `ctes`, with each GPU's attributes and
+    /// the period's owner, filtered.
+    async fn gpu_windows_from(
+        &self,
+        ctes: &str,
+        rows: &str,
+        binds_at: [i64; 6],
+        filters: &Filters,
+    ) -> Result<Vec<GpuWindow>> {
         let (clause, binds) = filters.clause_with(8, "o");
-        // Rows are summed per GPU and owner period before the join, so the join sees one row
-        // per (GPU, period).
         let sql = format!(
-            "WITH {SPLIT_DAYS} \
+            "WITH {ctes} \
              SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, g.vendor, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
              x.b_hours, x.b_usd \
-             FROM (\
-               SELECT gpu_id, o_from, \
-               CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(known) AS BIGINT) AS known, \
-               CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(alloc) AS BIGINT) AS alloc, \
-               CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
-               CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem, \
-               CAST(SUM(b_hours) AS BIGINT) AS b_hours, \
-               CAST(SUM(b_usd) AS DOUBLE PRECISION) AS b_usd \
-               FROM ({union}) u GROUP BY gpu_id, o_from\
-             ) x JOIN gpus g ON g.id = x.gpu_id \
+             FROM ({rows}) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
         );
@@ -591,6 +631,13 @@ impl Store {
     }
 }
 
+/// The sums of [`window_rows`]' columns per group, named as the columns.
+const WINDOW_SUMS: &str = "CAST(SUM(present) AS BIGINT) AS present, \
+     CAST(SUM(known) AS BIGINT) AS known, CAST(SUM(idle) AS BIGINT) AS idle, \
+     CAST(SUM(alloc) AS BIGINT) AS alloc, CAST(SUM(alloc_idle) AS BIGINT) AS alloc_idle, \
+     CAST(SUM(act) AS DOUBLE PRECISION) AS act, MAX(mem) AS mem, \
+     CAST(SUM(b_hours) AS BIGINT) AS b_hours, CAST(SUM(b_usd) AS DOUBLE PRECISION) AS b_usd";
+
 /// Days of a window split by a change of owner (`split`): read from their hours, not their
 /// day rollup, so each hour counts under the owner of that hour.
 pub(crate) const SPLIT_DAYS: &str = "split AS (\
@@ -604,7 +651,7 @@ pub(crate) const SPLIT_DAYS: &str = "split AS (\
 /// add up to the summary's figures. Binds `$1..$6` (returned, in order) and `$7`, the idle
 /// threshold; needs the [`SPLIT_DAYS`] CTE.
 pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
-    window_rows_of(window, now, true)
+    window_rows_of(window, now, true, None)
 }
 
 /// [`window_rows`] without the owner period (`o_from` is 0): the same rows, for sums that
@@ -612,10 +659,25 @@ pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], Stri
 /// them contiguous from its first), so no row is lost by not joining them; reading each row's
 /// period is most of the cost of these rows.
 pub(crate) fn unowned_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
-    window_rows_of(window, now, false)
+    window_rows_of(window, now, false, None)
 }
 
-fn window_rows_of(window: Window, now: DateTime<Utc>, owned: bool) -> ([i64; 6], String) {
+/// [`window_rows`] of only the GPUs in the CTE `only` (a column `gpu_id`), read GPU by GPU
+/// through the rollups' per-GPU indexes: for the few GPUs whose owner changed in the window.
+pub(crate) fn window_rows_of_only(
+    window: Window,
+    now: DateTime<Utc>,
+    only: &str,
+) -> ([i64; 6], String) {
+    window_rows_of(window, now, true, Some(only))
+}
+
+fn window_rows_of(
+    window: Window,
+    now: DateTime<Utc>,
+    owned: bool,
+    only: Option<&str>,
+) -> ([i64; 6], String) {
     let (lo, hi) = window.hours(now.timestamp());
     let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
     // The hours are read first, by the window's range (or a split day's), then their owner
@@ -627,12 +689,21 @@ fn window_rows_of(window: Window, now: DateTime<Utc>, owned: bool) -> ([i64; 6],
     } else {
         ("0", "")
     };
+    let (drive, driven) = match only {
+        Some(only) => (
+            format!("{only} CROSS JOIN "),
+            format!(" AND h.gpu_id = {only}.gpu_id"),
+        ),
+        None => (String::new(), String::new()),
+    };
     let hours = |from: &str, range: &str| {
-        let period = if owned {
+        let mut period = if owned {
             " AND o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour AND o.to_ts > +h.hour"
         } else {
             ""
-        };
+        }
+        .to_string();
+        period.push_str(&driven);
         format!(
             "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400, 1, \
              CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
@@ -640,7 +711,7 @@ fn window_rows_of(window: Window, now: DateTime<Utc>, owned: bool) -> ([i64; 6],
              CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
              CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
              CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
-             FROM {from}{owner} WHERE {range}{period}"
+             FROM {drive}{from}{owner} WHERE {range}{period}"
         )
     };
     let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
@@ -655,13 +726,14 @@ fn window_rows_of(window: Window, now: DateTime<Utc>, owned: bool) -> ([i64; 6],
     } else {
         ""
     };
+    let day_driven = only.map_or(String::new(), |o| format!(" AND d.gpu_id = {o}.gpu_id"));
     let union = format!(
         "SELECT d.gpu_id, {o_from} AS o_from, d.day AS t, d.present_hours AS present, \
          d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
          d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
          d.billed_hours AS b_hours, d.billed_usd AS b_usd \
-         FROM gpu_days d{day_period} \
-         WHERE d.day >= $1 AND d.day < $2 AND NOT EXISTS (\
+         FROM {drive}gpu_days d{day_period} \
+         WHERE d.day >= $1 AND d.day < $2{day_driven} AND NOT EXISTS (\
            SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
          UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}"
     );

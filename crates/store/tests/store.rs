@@ -2141,6 +2141,24 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
             team: summary.groups.iter().map(|g| g.key.clone()).collect(),
             ..Default::default()
         };
+        // Per-GPU window counts: summed per GPU where one owner period covers the window,
+        // row by row for the GPU whose owner changed, against every row joined to its period.
+        for filters in [Filters::default(), every_team.clone()] {
+            let fast = store.gpu_windows(w, &filters, now()).await.unwrap();
+            let slow = store.gpu_windows_joined(w, &filters, now()).await.unwrap();
+            assert_eq!(fast.len(), slow.len(), "{from}–{to}: {fast:?} vs {slow:?}");
+            for (a, b) in fast.iter().zip(&slow) {
+                let mut a = a.clone();
+                assert!(
+                    (a.activity_sum - b.activity_sum).abs() < 1e-6,
+                    "{from}–{to}"
+                );
+                assert!((a.billed_usd - b.billed_usd).abs() < 1e-6, "{from}–{to}");
+                a.activity_sum = b.activity_sum;
+                a.billed_usd = b.billed_usd;
+                assert_eq!(&a, b, "{from}–{to}");
+            }
+        }
         let unowned = store
             .series(w, &Filters::default(), true, now())
             .await
