@@ -83,6 +83,21 @@ pub fn is_usable_id(s: &str) -> bool {
         || lower.contains("xxxx"))
 }
 
+/// The longest identity the push API takes.
+pub const MAX_IDENTITY_LEN: usize = 128;
+
+/// `id` when it fits the push API, else `None` (a serial that long is no serial).
+fn fitting(id: String) -> Option<String> {
+    (id.len() <= MAX_IDENTITY_LEN).then_some(id)
+}
+
+/// FNV-1a, 64 bits: a stable short stand-in for a host name too long to keep whole.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Characters kept in an identity's free part: letters, digits, `-`, `.`, `:` and `_`;
 /// anything else becomes `_`.
 fn clean(s: &str) -> String {
@@ -108,18 +123,24 @@ pub fn amd_uuid(
     host: Option<&str>,
     pci_bus_id: Option<&str>,
 ) -> Option<String> {
-    if let Some(s) = serial.filter(|s| is_usable_id(s)) {
-        return Some(format!("AMD-SN-{}", clean(s)));
-    }
-    if let Some(u) = unique_id.filter(|s| is_usable_id(s)) {
-        let hex = u.trim().to_ascii_lowercase();
-        let hex = hex.trim_start_matches("0x");
-        return Some(format!("AMD-UID-{}", clean(hex)));
-    }
-    if let Some(u) = gpu_uuid.filter(|s| is_usable_id(s)) {
-        return Some(format!("AMD-UUID-{}", clean(&u.to_ascii_lowercase())));
-    }
-    pci_uuid("AMD", host, pci_bus_id)
+    let by_serial = serial
+        .filter(|s| is_usable_id(s))
+        .and_then(|s| fitting(format!("AMD-SN-{}", clean(s))));
+    let by_unique_id = || {
+        unique_id.filter(|s| is_usable_id(s)).and_then(|u| {
+            let hex = u.trim().to_ascii_lowercase();
+            fitting(format!("AMD-UID-{}", clean(hex.trim_start_matches("0x"))))
+        })
+    };
+    let by_uuid = || {
+        gpu_uuid
+            .filter(|s| is_usable_id(s))
+            .and_then(|u| fitting(format!("AMD-UUID-{}", clean(&u.to_ascii_lowercase()))))
+    };
+    by_serial
+        .or_else(by_unique_id)
+        .or_else(by_uuid)
+        .or_else(|| pci_uuid("AMD", host, pci_bus_id))
 }
 
 /// An Intel Gaudi's identity, best first: serial, UUID, the PCI address on `host`.
@@ -129,23 +150,28 @@ pub fn gaudi_uuid(
     host: Option<&str>,
     pci_bus_id: Option<&str>,
 ) -> Option<String> {
-    if let Some(s) = serial.filter(|s| is_usable_id(s)) {
-        return Some(format!("HL-SN-{}", clean(s)));
-    }
-    if let Some(u) = uuid.filter(|s| is_usable_id(s)) {
-        return Some(format!("HL-UUID-{}", clean(u)));
-    }
-    pci_uuid("HL", host, pci_bus_id)
+    serial
+        .filter(|s| is_usable_id(s))
+        .and_then(|s| fitting(format!("HL-SN-{}", clean(s))))
+        .or_else(|| {
+            uuid.filter(|s| is_usable_id(s))
+                .and_then(|u| fitting(format!("HL-UUID-{}", clean(u))))
+        })
+        .or_else(|| pci_uuid("HL", host, pci_bus_id))
 }
 
+/// `<prefix>-PCI-<host>-<bus>`; a host name too long for the identity to fit is cut to 64
+/// characters and followed by a hash of the whole name, so it stays one host's. `None` for a
+/// bus ID too long to be one.
 fn pci_uuid(prefix: &str, host: Option<&str>, bus: Option<&str>) -> Option<String> {
-    let host = host.filter(|h| !h.trim().is_empty())?;
-    let bus = bus.filter(|b| is_usable_id(b))?;
-    Some(format!(
-        "{prefix}-PCI-{}-{}",
-        clean(host),
-        clean(&bus.to_ascii_lowercase())
-    ))
+    let host = clean(host.filter(|h| !h.trim().is_empty())?);
+    let bus = clean(&bus.filter(|b| is_usable_id(b))?.to_ascii_lowercase());
+    let whole = format!("{prefix}-PCI-{host}-{bus}");
+    if whole.len() <= MAX_IDENTITY_LEN {
+        return Some(whole);
+    }
+    let cut: String = host.chars().take(64).collect();
+    fitting(format!("{prefix}-PCI-{cut}_{:016x}-{bus}", fnv1a(&host)))
 }
 
 /// The identity of partition `index` of an AMD GPU (a compute partition such as CPX).
@@ -225,6 +251,33 @@ mod tests {
             Some("AMD-PCI-node-1.example-0000:1e:00.0")
         );
         assert_eq!(amd_uuid(None, None, None, None, bus), None);
+    }
+
+    #[test]
+    fn identities_fit_the_push_api() {
+        let long = "7".repeat(200);
+        // A serial too long to be one falls through to the next identity.
+        assert_eq!(
+            amd_uuid(Some(&long), Some("0x1b9dd972253c3736"), None, None, None).as_deref(),
+            Some("AMD-UID-1b9dd972253c3736")
+        );
+        assert_eq!(gaudi_uuid(Some(&long), Some(&long), None, None), None);
+        // A long host name is cut and hashed: distinct hosts stay distinct.
+        let host_a = format!("{}a.example", "n".repeat(150));
+        let host_b = format!("{}b.example", "n".repeat(150));
+        let a = gaudi_uuid(None, None, Some(&host_a), Some("0000:9a:00.0")).unwrap();
+        let b = gaudi_uuid(None, None, Some(&host_b), Some("0000:9a:00.0")).unwrap();
+        assert!(
+            a.len() <= MAX_IDENTITY_LEN && b.len() <= MAX_IDENTITY_LEN,
+            "{a}"
+        );
+        assert_ne!(a, b);
+        assert!(a.ends_with("-0000:9a:00.0"), "{a}");
+        assert_eq!(
+            amd_uuid(None, None, None, Some("h"), Some(&long)),
+            None,
+            "a bus ID that long is none"
+        );
     }
 
     #[test]
