@@ -25,8 +25,16 @@ fn check(s: &Snapshot) {
             "{}",
             g.uuid
         );
-        for masked in ["-SN-N/A", "-SN-0", "xxxx"] {
-            assert!(!g.uuid.contains(masked), "{}", g.uuid);
+        // Never an identity built from `N/A`, `0`, all zeros or a masked serial.
+        let physical = g.uuid.split('/').next().unwrap_or_default();
+        for prefix in ["AMD-SN-", "AMD-UID-", "AMD-UUID-"] {
+            if let Some(id) = physical.strip_prefix(prefix) {
+                assert!(
+                    gpuledger_model::accel::is_usable_id(id),
+                    "{}",
+                    g.uuid
+                );
+            }
         }
         if let Some(parent) = &g.mig_parent_uuid {
             assert!(g.uuid.starts_with(&format!("{parent}/P")), "{}", g.uuid);
