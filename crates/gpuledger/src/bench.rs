@@ -78,7 +78,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let samples = u64::from(gpus) * args.days as u64 * 24;
     println!(
         "fleet: {gpus} GPUs on {} hosts, {} days, about {samples} samples ({url})",
-        hosts.len(),
+        // One lab workstation holds two groups' GPUs (NVIDIA and AMD): count names.
+        hosts
+            .iter()
+            .map(|h| h.name.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
         args.days
     );
     let fleet = if args.no_load {

@@ -485,7 +485,8 @@ const GROUPS: &[Group] = &[
         kind: AllocationKind::Process,
     },
     // Other vendors, after the NVIDIA groups so those keep their hosts and history: AMD
-    // Instinct on Azure and on a lab workstation, Intel Gaudi on AWS and on-prem under Slurm.
+    // Instinct on Azure and beside the T4s of a lab workstation, Intel Gaudi on AWS and
+    // on-prem under Slurm.
     Group {
         cluster: "az-eastus-aks",
         cloud: Cloud::Azure,
@@ -535,7 +536,9 @@ const GROUPS: &[Group] = &[
         memory_mib: 65_520,
         gpus: 2,
         hosts: 1,
-        prefix: "lab-amd",
+        // The same name as the first T4 workstation: one host with NVIDIA and AMD GPUs side by
+        // side, as the agent reads them.
+        prefix: "lab-ws",
         kind: AllocationKind::Process,
     },
 ];

@@ -233,7 +233,7 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
     };
     let text = run(&[]);
     assert!(
-        text.contains("fleet: 450 GPUs on 94 hosts, 1 days"),
+        text.contains("fleet: 450 GPUs on 93 hosts, 1 days"),
         "{text}"
     );
     assert!(
