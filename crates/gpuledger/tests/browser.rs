@@ -247,6 +247,15 @@ async fn browser_filters_and_drill_down_match_the_api() {
             shot("overview-team-nlp").await;
         }
         if filter == "vendor" {
+            // Each filter is labelled by what it filters.
+            let label = c
+                .execute(
+                    "return document.getElementById('filter-vendor').parentElement.firstChild.textContent",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            assert_eq!(label, "Vendor");
             // The demo's AMD GPUs: 16 MI300X on Azure and 2 MI210 on a lab workstation.
             let s = api(&base, "/api/v1/summary?vendor=amd&group_by=vendor").await;
             assert_eq!(s["total"]["gpus"], 18, "{s}");

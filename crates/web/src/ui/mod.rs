@@ -443,7 +443,9 @@ pub async fn frame(
             "team" => "Team",
             "cloud" => "Cloud",
             "cluster" => "Cluster",
-            _ => "Model",
+            "model" => "Model",
+            "vendor" => "Vendor",
+            other => other,
         };
         let values = match &visible {
             None => store.distinct(name).await?,
