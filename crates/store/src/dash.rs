@@ -54,6 +54,13 @@ fn ts(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(secs, 0).single().unwrap_or_default()
 }
 
+/// The daily trend's sums of [`crate::query::window_rows`]' rows `u`, per day `u.t`.
+const DAY_SUMS: &str = "SELECT u.t AS t, COUNT(DISTINCT u.gpu_id) AS gpus, \
+     CAST(SUM(u.present) AS BIGINT) AS present, \
+     CAST(SUM(u.known - u.idle) AS BIGINT) AS busy, CAST(SUM(u.idle) AS BIGINT) AS idle, \
+     CAST(SUM(u.known) AS BIGINT) AS known, CAST(SUM(u.alloc) AS BIGINT) AS alloc, \
+     CAST(SUM(u.act) AS DOUBLE PRECISION) AS act";
+
 impl Store {
     fn filtered_ids_clause(&self, filters: &Filters, first: usize) -> (String, Vec<String>) {
         filters.clause(first)
@@ -128,12 +135,7 @@ impl Store {
             let (clause, binds) = filters.clause(8);
             let sql = format!(
                 "WITH {SPLIT_DAYS} \
-                 SELECT u.t AS t, COUNT(DISTINCT u.gpu_id) AS gpus, \
-                 CAST(SUM(u.present) AS BIGINT) AS present, \
-                 CAST(SUM(u.known - u.idle) AS BIGINT) AS busy, CAST(SUM(u.idle) AS BIGINT) AS idle, \
-                 CAST(SUM(u.known) AS BIGINT) AS known, CAST(SUM(u.alloc) AS BIGINT) AS alloc, \
-                 CAST(SUM(u.act) AS DOUBLE PRECISION) AS act \
-                 FROM ({union}) u WHERE u.gpu_id IN (\
+                 {DAY_SUMS} FROM ({union}) u WHERE u.gpu_id IN (\
                    SELECT g.id FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}) \
                  GROUP BY u.t ORDER BY u.t"
             );
@@ -148,12 +150,7 @@ impl Store {
         let (clause, binds) = filters.clause_with(8, "o");
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT u.t AS t, COUNT(DISTINCT u.gpu_id) AS gpus, \
-             CAST(SUM(u.present) AS BIGINT) AS present, \
-             CAST(SUM(u.known - u.idle) AS BIGINT) AS busy, CAST(SUM(u.idle) AS BIGINT) AS idle, \
-             CAST(SUM(u.known) AS BIGINT) AS known, CAST(SUM(u.alloc) AS BIGINT) AS alloc, \
-             CAST(SUM(u.act) AS DOUBLE PRECISION) AS act \
-             FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+             {DAY_SUMS} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
         );
