@@ -522,6 +522,8 @@ mod tests {
             user: None,
             team: None,
             owner: None,
+            avg_util_pct: None,
+            avg_mem_used_mib: None,
         };
         let merged = merge(vec![
             PushBody {

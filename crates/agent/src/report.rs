@@ -53,6 +53,8 @@ impl OpenAllocation {
             user: self.user.clone(),
             team: None,
             owner: None,
+            avg_util_pct: None,
+            avg_mem_used_mib: None,
         }
     }
 }

@@ -284,6 +284,29 @@ fn corpus_habrok_jobs_become_allocations_on_their_nodes() {
         .unwrap();
     assert_eq!(a.user.as_deref(), Some("user498"));
     assert_eq!(a.context.slurm_partition.as_deref(), Some("gpulong"));
+    // What accounting measured travels as each allocation's averages, for the server to fill
+    // the hours no sample measured; a job it did not measure carries none (unknown, not 0).
+    assert_eq!(a.avg_mem_used_mib, Some(37956.0));
+    let canceled = allocations
+        .iter()
+        .find(|a| a.workload == "7965768")
+        .unwrap();
+    assert_eq!(canceled.avg_util_pct, Some(90.0));
+    let running = allocations
+        .iter()
+        .find(|a| a.workload == "8298012")
+        .unwrap();
+    assert_eq!(
+        (running.avg_util_pct, running.avg_mem_used_mib),
+        (None, None)
+    );
+    assert!(
+        of("7971484").len() == 4
+            && allocations
+                .iter()
+                .filter(|a| a.workload == "7971484")
+                .all(|a| a.avg_util_pct == Some(0.0))
+    );
     assert_eq!(
         a.context.slurm_account, None,
         "the corpus asked sacct for no Account"

@@ -869,6 +869,8 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
                 }),
                 team: h.team.map(String::from),
                 owner: None,
+                avg_util_pct: None,
+                avg_mem_used_mib: None,
             });
         }
     }

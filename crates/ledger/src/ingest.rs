@@ -528,6 +528,9 @@ fn not_older(
     Ok(())
 }
 
+/// The most memory a sample or an allocation's average may give (16 TiB, in MiB).
+const MAX_MEM_MIB: f64 = 16.0 * 1024.0 * 1024.0;
+
 fn range(
     path: &str,
     field: &str,
@@ -675,7 +678,7 @@ fn check_sample(path: &str, s: &PushSample, latest: DateTime<Utc>) -> Result<(),
         "mem_used_mib",
         s.mem_used_mib,
         0.0,
-        16.0 * 1024.0 * 1024.0,
+        MAX_MEM_MIB,
         "0..=16777216",
     )?;
     range(path, "power_w", s.power_w, 0.0, 10_000.0, "0..=10000")?;
@@ -708,6 +711,15 @@ fn check_allocation(
     for (field, map) in ctx.maps() {
         labels(&format!("{cpath}.{field}"), map)?;
     }
+    range(path, "avg_util_pct", a.avg_util_pct, 0.0, 100.0, "0..=100")?;
+    range(
+        path,
+        "avg_mem_used_mib",
+        a.avg_mem_used_mib,
+        0.0,
+        MAX_MEM_MIB,
+        "0..=16777216",
+    )?;
     not_future(path, "start", a.start, latest)?;
     not_older(path, "start", a.start, bounds.earliest_allocation, || {
         (

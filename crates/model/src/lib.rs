@@ -16,7 +16,7 @@ pub use push::{
 pub use view::{
     Allocation, AttributeProvenance, Conflict, CostBasis, GpuDetail, GpuFigures, GpuState, GpuView,
     HourPoint, OwnerPeriod, Rate, RateOrigin, SourceStatus, SourceView, Summary, SummaryGroup,
-    TeamInfo, UNKNOWN, UNOWNED,
+    TeamInfo, ORIGIN_ALLOCATION, ORIGIN_SAMPLES, UNKNOWN, UNOWNED,
 };
 
 /// Seconds in an hour: rollups are per clock hour (UTC).

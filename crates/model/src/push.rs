@@ -176,6 +176,15 @@ pub struct PushAllocation {
     /// a GPU by the workload holding it.
     #[serde(default, skip_serializing_if = "WorkloadContext::is_empty")]
     pub context: WorkloadContext,
+    /// The workload's average GPU utilization (percent, 0–100) over the whole allocation, as
+    /// its scheduler's accounting measured it (Slurm's `gres/gpuutil`). It fills the
+    /// allocation's hours on this GPU that no sample measured, marked as coming from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_util_pct: Option<f64>,
+    /// The workload's average GPU memory in use (MiB) over the allocation, likewise (Slurm's
+    /// `gres/gpumem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_mem_used_mib: Option<f64>,
 }
 
 /// A workload's Kubernetes namespace with the labels and annotations of the pod and of the

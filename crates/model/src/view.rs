@@ -189,16 +189,30 @@ pub struct Conflict {
     pub values: Vec<AttributeProvenance>,
 }
 
-/// One clock hour of one GPU. `activity_pct` is `None` when no sample carried activity.
+/// One clock hour of one GPU. `activity_pct` is `None` when nothing measured it: no sample
+/// carried activity and no allocation of the hour came with its scheduler's average.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HourPoint {
     pub hour: DateTime<Utc>,
     pub samples: i64,
     pub activity_pct: Option<f64>,
+    /// Where `activity_pct` comes from: [`ORIGIN_SAMPLES`] or [`ORIGIN_ALLOCATION`]; `None`
+    /// with it.
+    #[serde(default)]
+    pub activity_origin: Option<String>,
     pub mem_used_mib_max: Option<f64>,
+    /// Where `mem_used_mib_max` comes from, likewise.
+    #[serde(default)]
+    pub mem_origin: Option<String>,
     pub power_w_avg: Option<f64>,
     pub allocated: bool,
 }
+
+/// An hour figure measured by the GPU's own samples.
+pub const ORIGIN_SAMPLES: &str = "samples";
+/// An hour figure no sample measured, taken from the average a workload's scheduler measured
+/// over the allocation holding the GPU (Slurm's `gres/gpuutil`, `gres/gpumem`).
+pub const ORIGIN_ALLOCATION: &str = "allocation average";
 
 /// An allocation interval as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,6 +231,12 @@ pub struct Allocation {
     /// The namespace, labels and annotations, or Slurm account and partition the source gave.
     #[serde(default, skip_serializing_if = "crate::WorkloadContext::is_empty")]
     pub context: crate::WorkloadContext,
+    /// The workload's average utilization over the allocation, as its scheduler measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_util_pct: Option<f64>,
+    /// The workload's average GPU memory in use, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_mem_used_mib: Option<f64>,
 }
 
 /// A GPU with its history in a window.

@@ -352,7 +352,7 @@ impl Store {
         let (clause, binds) = self.filtered_ids_clause(filters, 4);
         let sql = format!(
             "SELECT g.uuid, a.start_ts, a.end_ts, a.workload, a.kind, a.user_name, a.team, a.owner, \
-             a.source, a.context \
+             a.source, a.context, a.avg_util_pct, a.avg_mem_mib \
              FROM allocations a JOIN gpus g ON g.id = a.gpu_id \
              WHERE a.start_ts < $2 AND (a.end_ts IS NULL OR a.end_ts > $1){clause} \
              ORDER BY a.start_ts DESC, a.workload LIMIT $3"

@@ -771,16 +771,18 @@ impl Store {
             .await?;
         for sql in [
             "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, \
-             allocated, billed_usd) \
-             SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated, billed_usd \
+             allocated, billed_usd, evidence) \
+             SELECT $1, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated, \
+             billed_usd, evidence \
              FROM gpu_hours WHERE gpu_id = $2 ON CONFLICT (gpu_id, hour) DO NOTHING",
             "INSERT INTO billed_gpu_periods (file_id, gpu_id, period_start, period_end, billed_usd, hours) \
              SELECT file_id, $1, period_start, period_end, billed_usd, hours \
              FROM billed_gpu_periods WHERE gpu_id = $2 \
              ON CONFLICT (file_id, gpu_id, period_start, period_end) DO NOTHING",
             "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
-             source, owner, context) \
-             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner, context \
+             source, owner, context, avg_util_pct, avg_mem_mib) \
+             SELECT $1, start_ts, end_ts, workload, kind, user_name, team, source, owner, context, \
+             avg_util_pct, avg_mem_mib \
              FROM allocations WHERE gpu_id = $2 ON CONFLICT (gpu_id, workload, start_ts) DO NOTHING",
         ] {
             sqlx::query(&self.sql(sql))

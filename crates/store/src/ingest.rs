@@ -107,6 +107,8 @@ type StoredAllocation = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<f64>,
+    Option<f64>,
 );
 
 fn unknown_gpu(path: String, uuid: &str) -> Rejection {
@@ -490,7 +492,8 @@ impl Store {
             let context = (!a.context.is_empty())
                 .then(|| serde_json::to_string(&a.context).unwrap_or_default());
             let old: Option<StoredAllocation> = sqlx::query_as(&self.sql(
-                "SELECT end_ts, source, kind, user_name, team, owner, context FROM allocations \
+                "SELECT end_ts, source, kind, user_name, team, owner, context, avg_util_pct, \
+                 avg_mem_mib FROM allocations \
                  WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
             ))
             .bind(*id)
@@ -498,7 +501,9 @@ impl Store {
             .bind(start)
             .fetch_optional(&mut **tx)
             .await?;
-            if let Some((old_end, old_source, kind, user, team, owner, old_context)) = &old {
+            if let Some((old_end, old_source, kind, user, team, owner, old_context, util, mem)) =
+                &old
+            {
                 if old_source != &who.source {
                     b.out.rejected.push(Rejection::forbidden(
                         format!("allocations[{i}]"),
@@ -516,6 +521,8 @@ impl Store {
                     && team == &a.team
                     && owner == &a.owner
                     && old_context == &context
+                    && util == &a.avg_util_pct
+                    && mem == &a.avg_mem_used_mib
                 {
                     b.out.duplicates.allocations += 1;
                     continue;
@@ -525,10 +532,12 @@ impl Store {
             }
             sqlx::query(&self.sql(
             "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
-             source, owner, context) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             source, owner, context, avg_util_pct, avg_mem_mib) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
              ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
              kind = excluded.kind, user_name = excluded.user_name, team = excluded.team, \
-             owner = excluded.owner, context = excluded.context",
+             owner = excluded.owner, context = excluded.context, \
+             avg_util_pct = excluded.avg_util_pct, avg_mem_mib = excluded.avg_mem_mib",
         ))
         .bind(*id)
         .bind(start)
@@ -540,6 +549,8 @@ impl Store {
         .bind(who.source.clone())
         .bind(a.owner.clone())
         .bind(context)
+        .bind(a.avg_util_pct)
+        .bind(a.avg_mem_used_mib)
         .execute(&mut **tx)
         .await?;
             // Re-flag every hour the allocation covers now or ever covered: an open one that

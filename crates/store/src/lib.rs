@@ -149,6 +149,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "day_by_gpu",
         include_str!("../migrations/sqlite/0012_day_by_gpu.sql"),
     ),
+    (
+        13,
+        "allocation_average",
+        include_str!("../migrations/sqlite/0013_allocation_average.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -210,6 +215,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         12,
         "day_by_gpu",
         include_str!("../migrations/postgres/0012_day_by_gpu.sql"),
+    ),
+    (
+        13,
+        "allocation_average",
+        include_str!("../migrations/postgres/0013_allocation_average.sql"),
     ),
 ];
 

@@ -10,11 +10,13 @@ use gpuledger_ledger::usedby::{split, HeldShare, UsedBy};
 use gpuledger_ledger::{summarize, GpuRecord, GpuWindow, GroupBy};
 use gpuledger_model::{
     day_floor, hour_floor, AttributeProvenance, GpuDetail, GpuState, GpuView, HourPoint,
-    OwnerPeriod, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS,
+    OwnerPeriod, SourceStatus, SourceView, Summary, DAY_SECS, HOUR_SECS, ORIGIN_ALLOCATION,
+    ORIGIN_SAMPLES,
 };
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
+use crate::rollup::{EVIDENCE_ACTIVITY, EVIDENCE_MEMORY};
 use crate::rows::{allocation_from_row, gpu_from_row, ts, GPU_COLUMNS};
 use crate::{Result, Store, StoreError, OPEN_END};
 
@@ -265,8 +267,8 @@ impl Store {
         .await?;
         let (lo, hi) = window.hours(now.timestamp());
         let hours = sqlx::query(&self.sql(
-            "SELECT hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated \
-             FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND hour < $3 ORDER BY hour",
+            "SELECT hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated, \
+             evidence FROM gpu_hours WHERE gpu_id = $1 AND hour >= $2 AND hour < $3 ORDER BY hour",
         ))
         .bind(id)
         .bind(lo)
@@ -279,11 +281,23 @@ impl Store {
             let act_sum: f64 = r.try_get("act_sum")?;
             let power_n: i64 = r.try_get("power_n")?;
             let power_sum: f64 = r.try_get("power_sum")?;
+            let evidence: i64 = r.try_get("evidence")?;
+            let mem: Option<f64> = r.try_get("mem_max")?;
+            let origin = |bit: i64| {
+                if evidence & bit != 0 {
+                    ORIGIN_ALLOCATION
+                } else {
+                    ORIGIN_SAMPLES
+                }
+                .to_string()
+            };
             Ok(HourPoint {
                 hour: ts(r.try_get("hour")?),
                 samples: r.try_get("samples")?,
                 activity_pct: (act_n > 0).then(|| act_sum / act_n as f64),
-                mem_used_mib_max: r.try_get("mem_max")?,
+                activity_origin: (act_n > 0).then(|| origin(EVIDENCE_ACTIVITY)),
+                mem_used_mib_max: mem,
+                mem_origin: mem.map(|_| origin(EVIDENCE_MEMORY)),
                 power_w_avg: (power_n > 0).then(|| power_sum / power_n as f64),
                 allocated: r.try_get::<i64, _>("allocated")? != 0,
             })
@@ -291,8 +305,8 @@ impl Store {
         .collect::<Result<Vec<_>>>()?;
         let (billed_gpu_hours, billed_usd) = self.billed_hours(id, window, now).await?;
         let allocations = sqlx::query(&self.sql(
-            "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source, context \
-             FROM allocations \
+            "SELECT start_ts, end_ts, workload, kind, user_name, team, owner, source, context, \
+             avg_util_pct, avg_mem_mib FROM allocations \
              WHERE gpu_id = $1 AND start_ts < $3 AND (end_ts IS NULL OR end_ts > $2) \
              ORDER BY start_ts, workload",
         ))

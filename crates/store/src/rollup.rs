@@ -87,6 +87,56 @@ pub(crate) const ALLOCATED: &str = "CASE WHEN EXISTS (SELECT 1 FROM allocations 
      AND a.start_ts < gpu_hours.hour + 3600 AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) \
      THEN 1 ELSE 0 END";
 
+/// `gpu_hours.evidence` bit: the hour's activity is its allocations' scheduler average.
+pub(crate) const EVIDENCE_ACTIVITY: i64 = 1;
+/// `gpu_hours.evidence` bit: the hour's memory is its allocations' scheduler average.
+pub(crate) const EVIDENCE_MEMORY: i64 = 2;
+
+/// An allocation of `gpu_hours`' GPU overlapping its hour (the test [`ALLOCATED`] uses) that
+/// carries the average `COL`.
+macro_rules! averaged_allocations {
+    ($col:literal) => {
+        concat!(
+            "FROM allocations a WHERE a.gpu_id = gpu_hours.gpu_id AND a.",
+            $col,
+            " IS NOT NULL AND a.start_ts < gpu_hours.hour + 3600 \
+             AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)"
+        )
+    };
+}
+
+/// The scheduler averages of allocations fill the hours of GPUs `IDS` in `[$1, $2)` that no
+/// sample measured (definitions: "activity of an hour"): first every figure an earlier roll
+/// filled is taken back, since the allocations may have moved or changed; then the hours
+/// without measured activity take the mean of their allocations' `avg_util_pct`, and those
+/// without measured memory the largest `avg_mem_mib`. Run after the samples' roll and the
+/// allocated flags, before the day rollups.
+pub(crate) const FILL_FROM_ALLOCATIONS: [&str; 3] = [
+    "UPDATE gpu_hours SET \
+     act_n = CASE WHEN (evidence & 1) <> 0 THEN 0 ELSE act_n END, \
+     act_sum = CASE WHEN (evidence & 1) <> 0 THEN 0 ELSE act_sum END, \
+     mem_max = CASE WHEN (evidence & 2) <> 0 THEN NULL ELSE mem_max END, evidence = 0 \
+     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND evidence <> 0",
+    concat!(
+        "UPDATE gpu_hours SET act_n = 1, evidence = evidence + 1, act_sum = \
+         (SELECT AVG(a.avg_util_pct) ",
+        averaged_allocations!("avg_util_pct"),
+        ") WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND act_n = 0 \
+         AND EXISTS (SELECT 1 ",
+        averaged_allocations!("avg_util_pct"),
+        ")"
+    ),
+    concat!(
+        "UPDATE gpu_hours SET evidence = evidence + 2, mem_max = \
+         (SELECT MAX(a.avg_mem_mib) ",
+        averaged_allocations!("avg_mem_mib"),
+        ") WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND mem_max IS NULL \
+         AND EXISTS (SELECT 1 ",
+        averaged_allocations!("avg_mem_mib"),
+        ")"
+    ),
+];
+
 /// (GPU, hour) presence rows per INSERT statement.
 pub(crate) const PRESENCE_CHUNK: usize = 200;
 
@@ -194,7 +244,7 @@ impl Store {
                  GROUP BY gpu_id, (ts / 3600) * 3600 \
                  ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
                  act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
-                 power_sum = excluded.power_sum, power_n = excluded.power_n",
+                 power_sum = excluded.power_sum, power_n = excluded.power_n, evidence = 0",
             )
             .await?;
         }
@@ -211,6 +261,9 @@ impl Store {
                 ),
             )
             .await?;
+            for sql in FILL_FROM_ALLOCATIONS {
+                self.for_ids(tx, ids, *lo, *hi, None, sql).await?;
+            }
         }
         for ((lo, hi), ids) in &days {
             self.for_ids(

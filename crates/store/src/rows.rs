@@ -57,7 +57,7 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
 }
 
 /// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source,
-/// context`) of `gpu_uuid`.
+/// context, avg_util_pct, avg_mem_mib`) of `gpu_uuid`.
 pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Allocation> {
     Ok(Allocation {
         gpu_uuid,
@@ -73,5 +73,7 @@ pub(crate) fn allocation_from_row(r: &AnyRow, gpu_uuid: String) -> Result<Alloca
             .try_get::<Option<String>, _>("context")?
             .and_then(|c| serde_json::from_str(&c).ok())
             .unwrap_or_default(),
+        avg_util_pct: r.try_get("avg_util_pct")?,
+        avg_mem_used_mib: r.try_get("avg_mem_mib")?,
     })
 }

@@ -157,6 +157,7 @@ both!(
     an_authoritative_sheet_ends_what_it_no_longer_lists,
     a_mixed_vendor_fleet_is_one_ledger,
     pool_slots_land_on_gpus_in_pci_order,
+    a_schedulers_average_fills_only_the_hours_no_sample_measured,
 );
 
 fn who(source: &str, teams: Option<&[&str]>) -> Principal {
@@ -3659,5 +3660,217 @@ async fn pool_slots_land_on_gpus_in_pci_order(store: Store) {
             on(C, "job-9").await
         ),
         (1, 0, 0)
+    );
+}
+
+/// Slurm's `gres/gpuutil` and `gres/gpumem` of a job arrive as its allocation's averages. They
+/// fill the job's hours on the GPU that no sample measured, marked as such; a measured hour
+/// keeps its samples; the filled figures follow the allocation when it changes, and move with
+/// it when a real GPU takes over the placeholder the job was placed on.
+async fn a_schedulers_average_fills_only_the_hours_no_sample_measured(store: Store) {
+    let agent = who("agent", None);
+    let slurm = who("slurm", None);
+    // A present 04:00–07:59; hour 04 measured at 60 %, hour 05 has a sample without activity,
+    // hours 06 and 07 only the stale window of it.
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{A}","model":"NVIDIA H100 80GB HBM3","host":"hpc-1","labels":{{"team":"hpc"}},"observed_at":"2026-12-02T04:00:00Z"}}],
+               "samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T04:30:00Z","util_pct":60,"mem_used_mib":30000}},
+                          {{"gpu_uuid":"{A}","ts":"2026-12-02T05:30:00Z","power_w":90}}]}}"#
+        ),
+        t("2026-12-02T06:15:00Z"),
+    )
+    .await;
+    let job = |avg: &str| {
+        format!(
+            r#"{{"allocations":[{{"gpu_uuid":"{A}","start":"2026-12-02T04:15:00Z","end":"2026-12-02T07:45:00Z","workload":"4242","kind":"slurm_job","user":"ana"{avg}}}]}}"#
+        )
+    };
+    let out = push_at(
+        &store,
+        &slurm,
+        &job(r#","avg_util_pct":3.0,"avg_mem_used_mib":2048"#),
+        t("2026-12-02T07:50:00Z"),
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let hours = |store: &Store| {
+        let store = store.clone();
+        async move {
+            let d = store.gpu_detail(A, dec2(), now()).await.unwrap().unwrap();
+            d.hours
+                .iter()
+                .map(|h| {
+                    (
+                        h.hour.format("%H").to_string(),
+                        h.activity_pct,
+                        h.activity_origin.clone(),
+                        h.mem_used_mib_max,
+                        h.mem_origin.clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let s = |x: &str| Some(x.to_string());
+    let (samples, avg) = (s("samples"), s("allocation average"));
+    assert_eq!(
+        hours(&store).await,
+        vec![
+            (
+                "04".into(),
+                Some(60.0),
+                samples.clone(),
+                Some(30000.0),
+                samples.clone()
+            ),
+            (
+                "05".into(),
+                Some(3.0),
+                avg.clone(),
+                Some(2048.0),
+                avg.clone()
+            ),
+            (
+                "06".into(),
+                Some(3.0),
+                avg.clone(),
+                Some(2048.0),
+                avg.clone()
+            ),
+            (
+                "07".into(),
+                Some(3.0),
+                avg.clone(),
+                Some(2048.0),
+                avg.clone()
+            ),
+        ]
+    );
+    // The filled hours count as known, and as idle under the 5 % threshold: one definition.
+    let team = |store: &Store| {
+        let store = store.clone();
+        async move {
+            let sum = store
+                .summary(dec2(), &Filters::default(), GroupBy::Team, now())
+                .await
+                .unwrap();
+            let g = group(&sum.groups, "hpc");
+            (
+                g.gpu_hours,
+                g.unknown_hours,
+                g.idle_hours,
+                g.allocated_idle_hours,
+            )
+        }
+    };
+    assert_eq!(team(&store).await, (4, 0, 3, 3));
+    // The allocation shows its averages.
+    let d = store.gpu_detail(A, dec2(), now()).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            d.allocations[0].avg_util_pct,
+            d.allocations[0].avg_mem_used_mib
+        ),
+        (Some(3.0), Some(2048.0))
+    );
+
+    // A late sample measures hour 06: its activity wins, its memory stays the job's; its stale
+    // window makes hour 08 present, which no job held: unknown.
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T06:20:00Z","util_pct":90}}]}}"#
+        ),
+        t("2026-12-02T07:55:00Z"),
+    )
+    .await;
+    let h = hours(&store).await;
+    assert_eq!(
+        h[2],
+        (
+            "06".into(),
+            Some(90.0),
+            samples.clone(),
+            Some(2048.0),
+            avg.clone()
+        )
+    );
+    assert_eq!(h[4], ("08".into(), None, None, None, None));
+    assert_eq!(team(&store).await, (5, 1, 2, 2));
+
+    // The job reported again with another average: the filled hours follow it.
+    push_at(
+        &store,
+        &slurm,
+        &job(r#","avg_util_pct":40.0"#),
+        t("2026-12-02T07:58:00Z"),
+    )
+    .await;
+    let h = hours(&store).await;
+    assert_eq!(h[1], ("05".into(), Some(40.0), avg.clone(), None, None));
+    assert_eq!(h[3], ("07".into(), Some(40.0), avg.clone(), None, None));
+    assert_eq!(team(&store).await, (5, 1, 0, 0));
+    // Without averages, the hours no sample measured are unknown again, never 0 %.
+    push_at(&store, &slurm, &job(""), t("2026-12-02T07:59:00Z")).await;
+    let h = hours(&store).await;
+    assert_eq!(h[1], ("05".into(), None, None, None, None));
+    assert_eq!(h[3], ("07".into(), None, None, None, None));
+    assert_eq!(team(&store).await, (5, 3, 0, 0));
+
+    // On a placeholder: the job's average fills the pool GPU's hours, and moves with the job
+    // to the real GPU that takes the placeholder over.
+    store
+        .observe_host_gpu_count(
+            &slurm,
+            &HostGpus {
+                host: "hpc-2".into(),
+                count: 1,
+                model: Some("NVIDIA H100 80GB HBM3".into()),
+                ..Default::default()
+            },
+            t("2026-12-02T08:00:00Z"),
+        )
+        .await
+        .unwrap();
+    collect_at(
+        &store,
+        &slurm,
+        r#"{"allocations":[{"gpu_uuid":"placeholder:hpc-2:0","start":"2026-12-02T08:05:00Z","end":"2026-12-02T09:30:00Z","workload":"4243","kind":"slurm_job","user":"ana","avg_util_pct":70.0}]}"#,
+        t("2026-12-02T09:40:00Z"),
+    )
+    .await;
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{B}","model":"NVIDIA H100 80GB HBM3","host":"hpc-2","observed_at":"2026-12-02T09:45:00Z"}}]}}"#
+        ),
+        t("2026-12-02T09:45:00Z"),
+    )
+    .await;
+    let d = store.gpu_detail(B, dec2(), now()).await.unwrap().unwrap();
+    let filled: Vec<(String, Option<f64>, Option<String>)> = d
+        .hours
+        .iter()
+        .map(|h| {
+            (
+                h.hour.format("%H").to_string(),
+                h.activity_pct,
+                h.activity_origin.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        filled,
+        vec![
+            ("08".into(), Some(70.0), avg.clone()),
+            ("09".into(), Some(70.0), avg.clone()),
+            ("10".into(), None, None),
+            ("11".into(), None, None),
+        ]
     );
 }

@@ -512,7 +512,7 @@ mod tests {
         let alloc = json!({
             "gpu_uuid": "GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d5e", "start": "2026-12-02T08:00:00Z",
             "end": recent, "workload": "nlp-prod/llm-ft-0", "kind": "pod", "user": "alice",
-            "team": "nlp", "owner": "Job/train-7",
+            "team": "nlp", "owner": "Job/train-7", "avg_util_pct": 41.5, "avg_mem_used_mib": 8192,
             "context": {
                 "namespace": "nlp-prod", "pod_labels": {"a": "b"}, "pod_annotations": {"a": "b"},
                 "namespace_labels": {"a": "b"}, "namespace_annotations": {"a": "b"},
@@ -584,7 +584,7 @@ mod tests {
                 wire_fields::<gpuledger_model::PushAllocation>(json!({
                     "gpu_uuid": "GPU-1", "start": "2026-12-02T08:00:00Z", "end": null,
                     "workload": "ns/p", "kind": "pod", "user": "a", "team": "t", "owner": "Job/j",
-                    "context": {"namespace": "ns"}
+                    "context": {"namespace": "ns"}, "avg_util_pct": 1.0, "avg_mem_used_mib": 1.0
                 })),
             ),
             (

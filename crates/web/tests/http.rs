@@ -2079,3 +2079,78 @@ async fn page_a_drained_slurm_node_shows_unavailable() {
     let (_, html) = app.get(&format!("/gpus/{B}")).await;
     assert!(!html.contains("unavailable"), "{html}");
 }
+
+/// A Slurm job's accounting averages pushed with its allocation fill the hours no sample
+/// measured: the GPU's JSON and CSV name where each hour's activity came from, and the GPU page
+/// says how many hours a job's average filled and shows the average beside the allocation.
+#[tokio::test]
+async fn a_jobs_average_fills_unmeasured_hours_and_every_view_says_so() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("slurm", &[]).await;
+    let body = json!({
+        "gpus": [{"uuid": A, "model": "NVIDIA H100 80GB HBM3", "host": "hpc-1",
+                  "labels": {"team": "hpc"}, "observed_at": "2026-12-02T08:00:00Z"}],
+        "samples": [{"gpu_uuid": A, "ts": "2026-12-02T08:30:00Z", "util_pct": 70}],
+        "allocations": [{"gpu_uuid": A, "start": "2026-12-02T08:00:00Z",
+                         "end": "2026-12-02T09:50:00Z", "workload": "4242",
+                         "kind": "slurm_job", "user": "ana",
+                         "avg_util_pct": 54.0, "avg_mem_used_mib": 7768}]
+    });
+    let (status, out) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{out}");
+    let gpu = app
+        .get_json(&format!("/api/v1/gpus/{A}?from=2026-12-02&to=2026-12-03"))
+        .await;
+    let hours = gpu["hours"].as_array().unwrap();
+    // Hour 10 is present (the sample's stale window) and held by nobody: unknown.
+    assert_eq!(hours.len(), 3);
+    assert!(hours[2]["activity_pct"].is_null() && hours[2]["activity_origin"].is_null());
+    let origin: Vec<(&str, f64, &str)> = hours[..2]
+        .iter()
+        .map(|h| {
+            (
+                h["hour"].as_str().unwrap(),
+                h["activity_pct"].as_f64().unwrap(),
+                h["activity_origin"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        origin,
+        [
+            ("2026-12-02T08:00:00Z", 70.0, "samples"),
+            ("2026-12-02T09:00:00Z", 54.0, "allocation average")
+        ]
+    );
+    assert_eq!(gpu["allocations"][0]["avg_util_pct"], 54.0);
+    assert_eq!(gpu["allocations"][0]["avg_mem_used_mib"], 7768.0);
+    let (status, csv) = app
+        .get(&format!(
+            "/api/v1/gpus/{A}?from=2026-12-02&to=2026-12-03&format=csv"
+        ))
+        .await;
+    assert_eq!(status, 200);
+    let rows = csv_rows(&csv);
+    assert_eq!(rows[1]["activity_origin"], "allocation average");
+    assert_eq!(rows[1]["mem_origin"], "allocation average");
+    // Hour 08: the sample measured activity but no memory, which the job's average fills.
+    assert_eq!(
+        (rows[0]["activity_origin"].as_str(), rows[0]["mem_origin"].as_str()),
+        ("samples", "allocation average")
+    );
+    assert_eq!(
+        (rows[2]["activity_origin"].as_str(), rows[2]["mem_origin"].as_str()),
+        ("", ""),
+        "hour 10: unknown"
+    );
+    let (status, html) = app
+        .get(&format!("/gpus/{A}?from=2026-12-02&to=2026-12-03"))
+        .await;
+    assert_eq!(status, 200);
+    assert!(html.contains("<dt>Hours from a job&#39;s average</dt>"), "{html}");
+    assert!(html.contains("1 of 2 hours with known activity"), "{html}");
+    assert!(
+        html.contains("54.0 % utilization, 7,768 MiB memory"),
+        "{html}"
+    );
+}

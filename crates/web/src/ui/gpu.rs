@@ -66,7 +66,12 @@ pub async fn gpu_page(
             Series {
                 name: "activity (% of hour, gaps = unknown)".into(),
                 color: "var(--busy)".into(),
-                values: d.hours.iter().map(|h| h.activity_pct).collect(),
+                values: d.hours.iter().map(|h| measured(h, true)).collect(),
+            },
+            Series {
+                name: "a job's average where no sample measured the hour".into(),
+                color: "var(--alloc)".into(),
+                values: d.hours.iter().map(|h| measured(h, false)).collect(),
             },
             Series {
                 name: format!("idle threshold {thr} %"),
@@ -147,6 +152,13 @@ pub async fn gpu_page(
     };
     let tables = [&page.allocations, &page.provenance, &page.owners];
     respond(&page, &tables, &p)
+}
+
+/// The hour's activity when it came from samples (`by_samples`) or from an allocation's
+/// scheduler average (`!by_samples`), else nothing: the chart draws the two apart.
+fn measured(h: &gpuledger_model::HourPoint, by_samples: bool) -> Option<f64> {
+    let from_samples = h.activity_origin.as_deref() == Some(gpuledger_model::ORIGIN_SAMPLES);
+    h.activity_pct.filter(|_| from_samples == by_samples)
 }
 
 /// Each attribute with its value and where it came from (the source and time, or the rule).
@@ -266,6 +278,24 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
             String::new(),
         ));
     }
+    let averaged = d
+        .hours
+        .iter()
+        .filter(|h| h.activity_pct.is_some() && measured(h, false).is_some())
+        .count();
+    if averaged > 0 {
+        attrs.push((
+            "Hours from a job's average".into(),
+            format!(
+                "{} of {} hours with known activity",
+                count(averaged as i64),
+                count(d.hours.iter().filter(|h| h.activity_pct.is_some()).count() as i64)
+            ),
+            "no sample measured them; the allocation's scheduler average (Slurm gres/gpuutil) \
+             fills them (definitions: activity of an hour)"
+                .into(),
+        ));
+    }
     if g.placeholder {
         attrs.push((
             "Placeholder".into(),
@@ -301,6 +331,11 @@ fn tables(f: &Frame, d: &gpuledger_model::GpuDetail) -> (Table, Table, Table) {
             col("Start", "When it started (UTC)."),
             col("End", "When it ended; 'running' while open."),
             col("Source", "Which source reported it."),
+            col(
+                "Scheduler's average",
+                "The average utilization and memory the scheduler's accounting measured over \
+                 the allocation (Slurm gres/gpuutil, gres/gpumem); '—' when it gave none.",
+            ),
         ],
     );
     for a in &d.allocations {
@@ -318,6 +353,7 @@ fn tables(f: &Frame, d: &gpuledger_model::GpuDetail) -> (Table, Table, Table) {
                     .unwrap_or_else(|| "running".into()),
             ),
             Cell::text(a.source.clone()),
+            Cell::text(average_text(a)),
         ]);
     }
     let mut provenance = Table::new(
@@ -385,6 +421,22 @@ fn context_text(c: &gpuledger_model::WorkloadContext) -> String {
     }
     if let Some(p) = &c.slurm_partition {
         parts.push(format!("partition {p}"));
+    }
+    if parts.is_empty() {
+        "—".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// An allocation's scheduler averages as the allocations table shows them.
+fn average_text(a: &gpuledger_model::Allocation) -> String {
+    let mut parts = Vec::new();
+    if let Some(u) = a.avg_util_pct {
+        parts.push(format!("{u:.1} % utilization"));
+    }
+    if let Some(m) = a.avg_mem_used_mib {
+        parts.push(format!("{} MiB memory", count(m.round() as i64)));
     }
     if parts.is_empty() {
         "—".into()

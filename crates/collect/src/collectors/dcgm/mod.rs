@@ -586,6 +586,8 @@ impl DcgmCollector {
                     user: None,
                     team: None,
                     owner: None,
+                    avg_util_pct: None,
+                    avg_mem_used_mib: None,
                 };
                 out.push((a, h.label));
             }

@@ -458,6 +458,8 @@ impl Hold {
             user: None,
             team: None,
             owner: None,
+            avg_util_pct: None,
+            avg_mem_used_mib: None,
         }
     }
 

@@ -726,6 +726,8 @@ impl KubernetesCollector {
                     user: user.clone(),
                     team: team.clone(),
                     owner: p.owner.clone(),
+                    avg_util_pct: None,
+                    avg_mem_used_mib: None,
                 })
                 .collect();
             for a in &allocations {

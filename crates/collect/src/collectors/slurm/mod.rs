@@ -1144,6 +1144,8 @@ fn allocate<'a>(
                     slurm_state: Some(job.state.clone()).filter(|s| !s.trim().is_empty()),
                     ..WorkloadContext::default()
                 },
+                avg_util_pct: job.gpu_util_pct,
+                avg_mem_used_mib: job.gpu_mem_mib,
             })
             .collect();
         state.jobs.insert(
