@@ -99,6 +99,8 @@ PY
 
 # Slurm command outputs, as is.
 cp "$fixtures"/slurm/* "$corpus/slurm_parse/"
+# slurmrestd answers of the later API versions, written from Slurm's schema (no recorded ones).
+cp "$fuzz"/../crates/collect/tests/data/slurmrestd/*.json "$corpus/slurm_parse/"
 
 # Cloud answers and inventory sheets: the recorded GCP answer, the sample sheet and its XLSX
 # twin (the repository's), and the test modules' EC2 and Azure answers.

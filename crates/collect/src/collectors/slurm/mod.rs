@@ -5,8 +5,8 @@
 //! Each run reads `scontrol show node --oneliner` (inventory), `scontrol show job -d
 //! --oneliner` (the GPU indexes of running jobs) and `sacct` over a window that starts where
 //! the previous run stopped (less an overlap for accounting records that arrive late), or the
-//! same from slurmrestd (`/slurm/v0.0.38/nodes`, `/slurm/v0.0.38/jobs`,
-//! `/slurmdb/v0.0.38/jobs`). The
+//! same from slurmrestd (`/slurm/<version>/nodes`, `/slurm/<version>/jobs`,
+//! `/slurmdb/<version>/jobs`, API versions v0.0.38 to v0.0.42). The
 //! cursor and the jobs already reported are kept in a state file, so a restart neither reads a
 //! finished job twice nor misses one; after downtime the window catches up in steps of at most
 //! `max_window_hours`. Output formats are pinned (`--format=`, `--parsable2`, `LC_ALL=C`,
@@ -26,9 +26,10 @@
 //! # ssh_port = 22
 //! # ssh_known_hosts = "/etc/gpuledger/slurm_known_hosts"  # pin the login node's host key
 //! # bin_dir = "/opt/slurm/bin"             # where scontrol and sacct are; default: $PATH
-//! # restd_url = "http://slurmctl:6820"     # instead of commands: slurmrestd (API v0.0.38)
+//! # restd_url = "http://slurmctl:6820"     # instead of commands: slurmrestd
 //! # restd_user = "gpuledger"
 //! # restd_token_file = "/etc/gpuledger/slurm.jwt"
+//! # restd_api_version = "auto"             # or v0.0.38 … v0.0.42; auto: the newest served
 //! # timeout_secs = 60                      # per command
 //! # lookback_hours = 24                    # how far the first run reads back
 //! # overlap_secs = 600                     # re-read for late accounting records
@@ -86,6 +87,7 @@ struct FileConfig {
     restd_url: Option<String>,
     restd_user: Option<String>,
     restd_token_file: Option<PathBuf>,
+    restd_api_version: Option<String>,
     timeout_secs: Option<u64>,
     lookback_hours: Option<u64>,
     overlap_secs: Option<u64>,
@@ -106,12 +108,15 @@ pub enum Access {
         /// A known_hosts file of its own (`UserKnownHostsFile`); `None`: ssh's default.
         known_hosts: Option<PathBuf>,
     },
-    /// slurmrestd's JSON API (v0.0.38) at `url`, with a JWT read from `token_file` on every
-    /// request (so a rotated token needs no restart) and sent as `X-SLURM-USER-TOKEN`.
+    /// slurmrestd's JSON API at `url`, with a JWT read from `token_file` on every request (so
+    /// a rotated token needs no restart) and sent as `X-SLURM-USER-TOKEN`.
     Restd {
         url: String,
         user: Option<String>,
         token_file: PathBuf,
+        /// The API version asked for (one of [`parse::RESTD_APIS`]); `None` (`auto`): the
+        /// newest slurmrestd answers, found on the first request.
+        api_version: Option<&'static str>,
     },
 }
 
@@ -157,9 +162,15 @@ impl SlurmConfig {
                     .into(),
             ));
         }
-        if restd_url.is_none() && (raw.restd_user.is_some() || raw.restd_token_file.is_some()) {
+        if restd_url.is_none()
+            && (raw.restd_user.is_some()
+                || raw.restd_token_file.is_some()
+                || raw.restd_api_version.is_some())
+        {
             return Err(CollectError::Config(
-                "restd_user and restd_token_file need `restd_url = \"http://HOST:6820\"`".into(),
+                "restd_user, restd_token_file and restd_api_version need `restd_url = \
+                 \"http://HOST:6820\"`"
+                    .into(),
             ));
         }
         if let Some(url) = restd_url {
@@ -189,6 +200,7 @@ impl SlurmConfig {
                     url,
                     user: non_empty("restd_user", raw.restd_user)?,
                     token_file,
+                    api_version: restd_api_version(raw.restd_api_version)?,
                 },
                 state_file: raw.state_file,
                 bin_dir: None,
@@ -287,6 +299,32 @@ impl SlurmConfig {
                 .collect(),
         })
     }
+}
+
+/// `restd_api_version`: `None` for `auto` (the default), else one of [`parse::RESTD_APIS`]
+/// (`v0.0.40` or `0.0.40`).
+fn restd_api_version(v: Option<String>) -> Result<Option<&'static str>, CollectError> {
+    let Some(v) = v.map(|v| v.trim().to_ascii_lowercase()) else {
+        return Ok(None);
+    };
+    if v == "auto" {
+        return Ok(None);
+    }
+    let bare = v.strip_prefix('v').unwrap_or(&v);
+    match parse::RESTD_APIS.iter().find(|a| a[1..] == *bare) {
+        Some(a) => Ok(Some(*a)),
+        None => Err(CollectError::Config(format!(
+            "restd_api_version: `{v}` is not a slurmrestd API version gpuledger reads; use \
+             \"auto\" (the default: the newest slurmrestd serves) or one of {}",
+            parse::RESTD_APIS.join(", ")
+        ))),
+    }
+}
+
+/// Whether slurmrestd answered 404, which for a whole API version means it does not serve
+/// that version (the error text is [`crate::http::get_bytes`]'s).
+fn is_not_found(e: &CollectError) -> bool {
+    matches!(e, CollectError::Config(m) if m.contains(": answered HTTP 404"))
 }
 
 fn restd_url_checked(s: &str) -> Result<String, CollectError> {
@@ -518,6 +556,8 @@ pub struct SlurmCollector {
     last_nodes: Mutex<Option<BTreeMap<String, SlurmNode>>>,
     /// The HTTP client for slurmrestd.
     client: Option<reqwest::Client>,
+    /// The slurmrestd API version found with `restd_api_version = "auto"`.
+    restd_api: Mutex<Option<&'static str>>,
 }
 
 impl SlurmCollector {
@@ -569,6 +609,7 @@ impl SlurmCollector {
             state_file,
             run_lock: tokio::sync::Mutex::new(()),
             last_nodes: Mutex::new(None),
+            restd_api: Mutex::new(None),
         })
     }
 
@@ -655,6 +696,7 @@ impl SlurmCollector {
                 url,
                 user,
                 token_file,
+                ..
             },
             Some(client),
         ) = (&self.config.access, &self.client)
@@ -677,11 +719,62 @@ impl SlurmCollector {
         crate::http::get_bytes(req, &format!("GET {full}"), MAX_OUTPUT_BYTES as usize).await
     }
 
+    /// GET `path(version)` from slurmrestd: in `restd_api_version`, or (`auto`) in the version
+    /// found before, else in the newest of [`parse::RESTD_APIS`] it answers — a version it does
+    /// not serve answers 404. Returns the path asked and the answer.
+    async fn restd_get_api(
+        &self,
+        path: impl Fn(&str) -> String,
+    ) -> Result<(String, Vec<u8>), CollectError> {
+        let Access::Restd { api_version, .. } = &self.config.access else {
+            return Err(CollectError::Config("not a slurmrestd source".into()));
+        };
+        if let Some(v) = api_version {
+            let p = path(v);
+            return match self.restd_get(&p).await {
+                Ok(bytes) => Ok((p, bytes)),
+                Err(e) if is_not_found(&e) => Err(CollectError::Config(format!(
+                    "GET {p}: slurmrestd answered 404: it does not serve API {v} (or this path in \
+                     it). Set `restd_api_version` to a version it serves (gpuledger reads {}; \
+                     `GET /openapi/v3` lists what slurmrestd serves), or to \"auto\" to find one",
+                    parse::RESTD_APIS.join(", ")
+                ))),
+                Err(e) => Err(e),
+            };
+        }
+        let found = *self.restd_api.lock().unwrap_or_else(|e| e.into_inner());
+        let order = found.into_iter().chain(
+            parse::RESTD_APIS
+                .iter()
+                .copied()
+                .filter(|v| Some(*v) != found),
+        );
+        for v in order {
+            let p = path(v);
+            match self.restd_get(&p).await {
+                Ok(bytes) => {
+                    *self.restd_api.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
+                    return Ok((p, bytes));
+                }
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        *self.restd_api.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Err(CollectError::Config(format!(
+            "GET {}: slurmrestd answered 404 in every API version gpuledger reads ({}): check \
+             `restd_url`, and that slurmrestd loads the plugin for this path (openapi/slurmctld \
+             for /slurm/, openapi/slurmdbd for /slurmdb/); Slurm before 22.05 serves none of \
+             them",
+            path("<version>"),
+            parse::RESTD_APIS.join(", ")
+        )))
+    }
+
     /// The nodes, from `scontrol show node` or slurmrestd.
     async fn inventory(&self) -> Result<(String, Nodes), CollectError> {
         if let Access::Restd { .. } = self.config.access {
-            let path = format!("/slurm/{}/nodes", parse::RESTD_API);
-            let bytes = self.restd_get(&path).await?;
+            let (path, bytes) = self.restd_get_api(|v| format!("/slurm/{v}/nodes")).await?;
             return parse::parse_restd_nodes(&bytes)
                 .map(|n| (format!("GET {path}"), n))
                 .map_err(|e| CollectError::Data(format!("GET {path}: {e}")));
@@ -711,13 +804,14 @@ impl SlurmCollector {
         Result<(Vec<JobIndexes>, Vec<parse::Problem>), CollectError>,
     ) {
         if let Access::Restd { .. } = self.config.access {
-            let path = format!("/slurm/{}/jobs", parse::RESTD_API);
-            let got = match self.restd_get(&path).await {
-                Ok(bytes) => parse::parse_restd_running(&bytes)
-                    .map_err(|e| CollectError::Data(format!("GET {path}: {e}"))),
-                Err(e) => Err(e),
+            return match self.restd_get_api(|v| format!("/slurm/{v}/jobs")).await {
+                Ok((path, bytes)) => {
+                    let got = parse::parse_restd_running(&bytes)
+                        .map_err(|e| CollectError::Data(format!("GET {path}: {e}")));
+                    (format!("GET {path}"), got)
+                }
+                Err(e) => ("GET /slurm/<version>/jobs".into(), Err(e)),
             };
-            return (format!("GET {path}"), got);
         }
         let got = self
             .run_tool(
@@ -748,13 +842,10 @@ impl SlurmCollector {
                     format!("now-{secs}seconds")
                 }
             };
-            let path = format!(
-                "/slurmdb/{}/jobs?start_time={}&end_time={}",
-                parse::RESTD_API,
-                ago(from),
-                ago(to)
-            );
-            let bytes = self.restd_get(&path).await?;
+            let (from, to) = (ago(from), ago(to));
+            let (path, bytes) = self
+                .restd_get_api(|v| format!("/slurmdb/{v}/jobs?start_time={from}&end_time={to}"))
+                .await?;
             return parse::parse_restd_accounting(&bytes)
                 .map_err(|e| CollectError::Data(format!("GET {path}: {e}")));
         }
@@ -1332,7 +1423,8 @@ mod tests {
             Access::Restd {
                 url: "http://slurmctl:6820".into(),
                 user: Some("gl".into()),
-                token_file: "/t".into()
+                token_file: "/t".into(),
+                api_version: None,
             }
         );
         assert_eq!(c.hosts().unwrap(), ["slurmctl"]);
@@ -1351,6 +1443,77 @@ mod tests {
                 .contains("link-local")
         );
         assert!(err("restd_url = \"h:6820\"\nrestd_token_file = \"/t\"").contains("not an http"));
+        let api = |v: &str| match SlurmConfig::from_toml(&format!(
+            "restd_url = \"http://h\"\nrestd_token_file = \"/t\"\nrestd_api_version = \"{v}\""
+        ))
+        .map(|c| c.access)
+        {
+            Ok(Access::Restd { api_version, .. }) => Ok(api_version),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(api("v0.0.41"), Ok(Some("v0.0.41")));
+        assert_eq!(api(" 0.0.38 "), Ok(Some("v0.0.38")));
+        assert_eq!(api("auto"), Ok(None));
+        assert!(api("v0.0.37")
+            .unwrap_err()
+            .contains("restd_api_version: `v0.0.37`"));
+        assert!(api("v0.0.4").is_err());
+        assert!(err("restd_api_version = \"auto\"").contains("need `restd_url"));
+    }
+
+    /// A slurmrestd serving only API v0.0.40 (and no `/slurm/…/jobs`): `auto` finds v0.0.40 and
+    /// keeps it; a pinned version it does not serve, and a path no version serves, are
+    /// configuration errors saying what to set.
+    #[tokio::test]
+    async fn restd_api_version_is_found_or_named() {
+        use axum::routing::get;
+        let nodes = r#"{"nodes": [{"name": "n1", "gres": "gpu:h100:4", "state": ["IDLE"]}],
+                        "errors": [], "warnings": []}"#;
+        let app = axum::Router::new()
+            .route("/slurm/v0.0.40/nodes", get(move || async move { nodes }))
+            .route(
+                "/slurmdb/v0.0.40/jobs",
+                get(|| async { r#"{"jobs": [], "errors": []}"# }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let dir =
+            std::env::temp_dir().join(format!("gpuledger-slurm-restd-api-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("jwt");
+        std::fs::write(&token, "SLURM_JWT=x\n").unwrap();
+        let collector = |extra: &str| {
+            let toml = format!(
+                "restd_url = \"http://{addr}\"\nrestd_token_file = \"{}\"\n{extra}",
+                token.display()
+            );
+            SlurmCollector::new("t", SlurmConfig::from_toml(&toml).unwrap()).unwrap()
+        };
+        let auto = collector("");
+        let (part, n) = auto.inventory().await.unwrap();
+        assert_eq!(
+            (part.as_str(), n.nodes.len()),
+            ("GET /slurm/v0.0.40/nodes", 1)
+        );
+        assert_eq!(*auto.restd_api.lock().unwrap(), Some("v0.0.40"));
+        assert_eq!(auto.accounting(0, 60, 60).await.unwrap().rows, 0);
+        let e = auto.running().await.1.unwrap_err();
+        assert!(
+            matches!(&e, CollectError::Config(m) if m.contains("every API version")),
+            "{e}"
+        );
+        let pinned = collector("restd_api_version = \"v0.0.41\"");
+        let e = pinned.inventory().await.unwrap_err();
+        assert!(
+            matches!(&e, CollectError::Config(m) if m.contains("does not serve API v0.0.41")
+                && m.contains("restd_api_version")),
+            "{e}"
+        );
+        let pinned = collector("restd_api_version = \"v0.0.40\"");
+        assert_eq!(pinned.inventory().await.unwrap().1.nodes.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -426,6 +426,11 @@ const USABLE: &[&str] = &[
     "npc",
     "dynamic_norm",
     "dynamic_future",
+    // slurmrestd's names (v0.0.39 on) for what scontrol writes otherwise.
+    "maintenance",
+    "undrain",
+    "resume",
+    "reboot_canceled",
 ];
 
 const UNUSABLE: &[&str] = &[
@@ -445,6 +450,9 @@ const UNUSABLE: &[&str] = &[
     "no_respond",
     "unknown",
     "unk",
+    // slurmrestd's names (v0.0.39 on): a node in error, or draining to power down.
+    "error",
+    "power_drain",
 ];
 
 /// Read a node state; `Err` names a word this reader does not know.
@@ -1195,10 +1203,23 @@ pub fn parse_scontrol_jobs(text: &str) -> (Vec<JobIndexes>, Vec<Problem>) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// slurmrestd answers (OpenAPI v0.0.38: Slurm 22.05 to 23.02)
+// slurmrestd answers (OpenAPI plugin versions v0.0.38 to v0.0.42: Slurm 22.05 and later)
+//
+// One reader per answer kind reads every version; where the shape changed it reads both forms
+// (Slurm's `src/plugins/data_parser/v0.0.4x/parsers.c`):
+// - a number that may be unset or infinite: a plain number or null (v0.0.38; later versions
+//   with the `complex` data_parser flag, which also write `"Infinity"`), or
+//   `{"set": true, "infinite": false, "number": N}` (v0.0.39 on);
+// - a state: a string, a node's flags apart in `state_flags` (v0.0.38), or a list of strings,
+//   the base state first (`["IDLE", "DRAIN"]`, `["COMPLETED"]`, v0.0.39 on);
+// - a running job's nodes: `job_resources.allocated_nodes[].nodename` (to v0.0.40) or
+//   `job_resources.nodes.allocation[].name` (v0.0.41 on);
+// - a step's ID: `"batch"` (v0.0.38), `{"job_id": 8, "step_id": "batch"}` (v0.0.39, v0.0.40)
+//   or `"8.batch"` (v0.0.41 on).
 
-/// The slurmrestd API version the collector asks for; its answers are read as this version's.
-pub const RESTD_API: &str = "v0.0.38";
+/// The slurmrestd API versions these readers understand, newest first: the order the collector
+/// tries them in when it is not told one.
+pub const RESTD_APIS: &[&str] = &["v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38"];
 
 /// The answer's list `list`, or why there is none (an `errors` entry, not JSON).
 fn restd_list(bytes: &[u8], list: &str) -> Result<Vec<Value>, String> {
@@ -1236,34 +1257,110 @@ fn json_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
 }
 
-/// A time in seconds; 0 and null are no time (not started, not ended).
-fn json_time(v: &Value, path: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+/// A JSON value for a message: `` `"x"` ``, `` `5` ``, `an object`, `a list`.
+fn json_kind(v: &Value) -> String {
+    match v {
+        Value::Object(_) => "an object".into(),
+        Value::Array(_) => "a list".into(),
+        other => format!("`{}`", clip(&other.to_string())),
+    }
+}
+
+/// An optional text field: `Ok(None)` when it is missing, null or empty; `Err` when it is
+/// something other than text.
+fn json_text<'a>(v: &'a Value, key: &str) -> Result<Option<&'a str>, String> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str()).filter(|s| !s.is_empty())),
+        Some(other) => Err(format!("{} is not text", json_kind(other))),
+    }
+}
+
+/// A number slurmrestd may leave unset or make infinite, in either form (above): `Ok(None)`
+/// when unset or infinite, `Err` when it is neither form of a whole number.
+fn json_number(v: &Value) -> Result<Option<i64>, String> {
+    let whole = |n: &serde_json::Number| {
+        n.as_i64()
+            .map(Some)
+            .ok_or_else(|| format!("`{n}` is not a whole number"))
+    };
     match v {
         Value::Null => Ok(None),
-        Value::Number(n) => match n.as_i64() {
-            Some(0) => Ok(None),
-            Some(s) if s > 0 => Utc
-                .timestamp_opt(s, 0)
-                .single()
-                .map(Some)
-                .ok_or_else(|| json_problem(path.into(), format!("{s} is not a time"))),
-            _ => Err(json_problem(path.into(), format!("{n} is not a time"))),
-        },
-        other => Err(json_problem(
+        Value::Number(n) => whole(n),
+        Value::String(s) if s.eq_ignore_ascii_case("infinity") => Ok(None),
+        Value::Object(o) => {
+            let flag = |k: &str| match o.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(other) => Err(format!("`{k}`: {} is not true or false", json_kind(other))),
+            };
+            if flag("infinite")? == Some(true) {
+                return Ok(None);
+            }
+            match flag("set")? {
+                Some(false) => Ok(None),
+                Some(true) => match o.get("number") {
+                    Some(Value::Number(n)) => whole(n),
+                    Some(other) => Err(format!("`number`: {} is not a number", json_kind(other))),
+                    None => Err("`set` but no `number`".into()),
+                },
+                None => Err("an object without `set` is not a number".into()),
+            }
+        }
+        other => Err(format!("{} is not a number", json_kind(other))),
+    }
+}
+
+/// A time in seconds, in either number form; 0, unset and infinite are no time (not started,
+/// not ended).
+fn json_time(v: &Value, path: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+    match json_number(v) {
+        Ok(None) | Ok(Some(0)) => Ok(None),
+        Ok(Some(s)) if s > 0 => Utc
+            .timestamp_opt(s, 0)
+            .single()
+            .map(Some)
+            .ok_or_else(|| json_problem(path.into(), format!("{s} is not a time"))),
+        Ok(Some(s)) => Err(json_problem(path.into(), format!("{s} is not a time"))),
+        Err(_) => Err(json_problem(
             path.into(),
-            format!("`{}` is not a time", clip(&other.to_string())),
+            format!("{} is not a time", json_kind(v)),
         )),
     }
 }
 
-/// Read `GET /slurm/v0.0.38/nodes`.
+/// A state's words: a string (v0.0.38) or a list of strings, the base state first (v0.0.39
+/// on).
+fn json_states(v: &Value) -> Result<Vec<&str>, String> {
+    match v {
+        Value::String(s) => Ok(vec![s.as_str()]),
+        Value::Array(a) if a.is_empty() => Err("an empty list is not a state".into()),
+        Value::Array(a) => a
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .ok_or_else(|| format!("{} in the list is not a state", json_kind(s)))
+            })
+            .collect(),
+        other => Err(format!("{} is not a state", json_kind(other))),
+    }
+}
+
+/// Read `GET /slurm/<version>/nodes`, any version of [`RESTD_APIS`].
 pub fn parse_restd_nodes(bytes: &[u8]) -> Result<Nodes, String> {
     let mut out = Nodes::default();
     for (i, n) in restd_list(bytes, "nodes")?.iter().enumerate() {
         let at = |k: &str| format!("nodes[{i}].{k}");
-        let Some(name) = json_str(n, "name") else {
-            out.problems.push(json_problem(at("name"), "missing"));
-            continue;
+        let name = match json_text(n, "name") {
+            Ok(Some(name)) => name,
+            Ok(None) => {
+                out.problems.push(json_problem(at("name"), "missing"));
+                continue;
+            }
+            Err(e) => {
+                out.problems.push(json_problem(at("name"), e));
+                continue;
+            }
         };
         let mut node = SlurmNode {
             name: name.to_string(),
@@ -1276,39 +1373,57 @@ pub fn parse_restd_nodes(bytes: &[u8]) -> Result<Nodes, String> {
                 .map(String::from)
                 .collect();
         }
-        if let Some(state) = json_str(n, "state") {
-            let mut words = vec![state.to_string()];
-            if let Some(flags) = n.get("state_flags").and_then(Value::as_array) {
-                words.extend(flags.iter().filter_map(Value::as_str).map(String::from));
-            }
-            match parse_state(&words.join("+")) {
-                Ok(s) => node.state = Some(s),
+        match n.get("state") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(state) => match json_states(state) {
+                Ok(words) => {
+                    let mut words: Vec<&str> = words;
+                    // v0.0.38 gives the flags apart; later versions list them with the state.
+                    if let Some(flags) = n.get("state_flags").and_then(Value::as_array) {
+                        words.extend(flags.iter().filter_map(Value::as_str));
+                    }
+                    match parse_state(&words.join("+")) {
+                        Ok(s) => node.state = Some(s),
+                        Err(e) => out
+                            .problems
+                            .push(json_problem(at("state"), format!("node {name}: {e}"))),
+                    }
+                }
                 Err(e) => out
                     .problems
                     .push(json_problem(at("state"), format!("node {name}: {e}"))),
-            }
+            },
         }
-        match parse_gres(json_str(n, "gres").unwrap_or_default()) {
+        let text = |key: &str| json_text(n, key).map_err(|e| format!("node {name}: {e}"));
+        let gres = text("gres").and_then(|g| {
+            parse_gres(g.unwrap_or_default()).map_err(|e| format!("node {name}: {e}"))
+        });
+        match gres {
             Ok(g) => node.gpus = gres_counts(&g),
             Err(e) => {
-                out.problems
-                    .push(json_problem(at("gres"), format!("node {name}: {e}")));
+                out.problems.push(json_problem(at("gres"), e));
                 continue;
             }
         }
         if node.gpus.is_empty() {
-            match parse_tres(json_str(n, "tres").unwrap_or_default()).and_then(|t| tres_gpus(&t)) {
+            let tres = text("tres").and_then(|t| {
+                parse_tres(t.unwrap_or_default())
+                    .and_then(|t| tres_gpus(&t))
+                    .map_err(|e| format!("node {name}: {e}"))
+            });
+            match tres {
                 Ok(Some(g)) => node.gpus = g.pools(),
                 Ok(None) => {}
                 Err(e) => {
-                    out.problems
-                        .push(json_problem(at("tres"), format!("node {name}: {e}")));
+                    out.problems.push(json_problem(at("tres"), e));
                     continue;
                 }
             }
         }
-        if let Some(u) = json_str(n, "gres_used") {
-            match parse_gres(u) {
+        match text("gres_used") {
+            Ok(None) => {}
+            Ok(Some(u)) => match parse_gres(u) {
                 Ok(g) => {
                     let (used, idx) = gres_used(&g);
                     node.gpus_used = Some(used);
@@ -1317,37 +1432,85 @@ pub fn parse_restd_nodes(bytes: &[u8]) -> Result<Nodes, String> {
                 Err(e) => out
                     .problems
                     .push(json_problem(at("gres_used"), format!("node {name}: {e}"))),
-            }
+            },
+            Err(e) => out.problems.push(json_problem(at("gres_used"), e)),
         }
         out.nodes.push(node);
     }
     Ok(out)
 }
 
-/// Read `GET /slurm/v0.0.38/jobs`: each job's `gres_detail` (one entry per node of
-/// `job_resources.allocated_nodes`, `gpu:h100:2(IDX:0-1)`).
+/// A job ID: a whole number, 0 or more, in either number form.
+fn json_job_id(v: Option<&Value>) -> Option<i64> {
+    v.map(json_number)
+        .and_then(Result::ok)
+        .flatten()
+        .filter(|id| *id >= 0)
+}
+
+/// The names of a running job's allocated nodes, in the order of its `gres_detail`:
+/// `job_resources.nodes.allocation[].name` (v0.0.41 on) or
+/// `job_resources.allocated_nodes[].nodename` (to v0.0.40). `Err` names the field (below the
+/// job) that is not a list of node names.
+fn restd_job_nodes(job: &Value) -> Result<Vec<&str>, (String, String)> {
+    let (list, path, key) = match (
+        job.pointer("/job_resources/nodes/allocation"),
+        job.pointer("/job_resources/allocated_nodes"),
+    ) {
+        (Some(a), _) => (a, "job_resources.nodes.allocation", "name"),
+        (None, Some(a)) => (a, "job_resources.allocated_nodes", "nodename"),
+        (None, None) => return Ok(Vec::new()),
+    };
+    let Some(list) = list.as_array() else {
+        return Err((path.into(), format!("{} is not a list", json_kind(list))));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(k, n)| match n.get(key) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.as_str()),
+            Some(other) => Err((
+                format!("{path}[{k}].{key}"),
+                format!("{} is not a node name", json_kind(other)),
+            )),
+            None => Err((format!("{path}[{k}].{key}"), "missing".into())),
+        })
+        .collect()
+}
+
+/// Read `GET /slurm/<version>/jobs`, any version of [`RESTD_APIS`]: each job's `gres_detail`
+/// (one entry per allocated node, `gpu:h100:2(IDX:0-1)`).
 pub fn parse_restd_running(bytes: &[u8]) -> Result<(Vec<JobIndexes>, Vec<Problem>), String> {
     let (mut jobs, mut problems) = (Vec::new(), Vec::new());
     for (i, j) in restd_list(bytes, "jobs")?.iter().enumerate() {
-        let Some(id) = j.get("job_id").and_then(Value::as_u64) else {
+        let Some(id) = json_job_id(j.get("job_id")) else {
             problems.push(json_problem(
                 format!("jobs[{i}].job_id"),
                 "missing or not a number",
             ));
             continue;
         };
-        let Some(detail) = j
-            .get("gres_detail")
-            .and_then(Value::as_array)
-            .filter(|d| !d.is_empty())
-        else {
-            continue;
+        let detail = match j.get("gres_detail") {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(d)) if d.is_empty() => continue,
+            Some(Value::Array(d)) => d,
+            Some(other) => {
+                problems.push(json_problem(
+                    format!("jobs[{i}].gres_detail"),
+                    format!("job {id}: {} is not a list", json_kind(other)),
+                ));
+                continue;
+            }
         };
-        let nodes: Vec<&str> = j
-            .pointer("/job_resources/allocated_nodes")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|n| json_str(n, "nodename")).collect())
-            .unwrap_or_default();
+        let nodes = match restd_job_nodes(j) {
+            Ok(n) => n,
+            Err((path, e)) => {
+                problems.push(json_problem(
+                    format!("jobs[{i}].{path}"),
+                    format!("job {id}: {e}; its GPU indexes are not used"),
+                ));
+                continue;
+            }
+        };
         if nodes.len() != detail.len() {
             problems.push(json_problem(
                 format!("jobs[{i}].gres_detail"),
@@ -1365,7 +1528,11 @@ pub fn parse_restd_running(bytes: &[u8]) -> Result<(Vec<JobIndexes>, Vec<Problem
         };
         let mut bad = false;
         for (k, (node, d)) in nodes.iter().zip(detail).enumerate() {
-            match parse_gres(d.as_str().unwrap_or_default()) {
+            let gres = match d {
+                Value::String(s) => parse_gres(s),
+                other => Err(format!("{} is not a GRES string", json_kind(other))),
+            };
+            match gres {
                 Ok(gres) => {
                     for g in gres {
                         if let Some(idx) = g.indexes {
@@ -1395,10 +1562,16 @@ pub fn parse_restd_running(bytes: &[u8]) -> Result<(Vec<JobIndexes>, Vec<Problem
 }
 
 /// A TRES list as slurmrestd gives it (`[{"type": "gres", "name": "gpu:h100", "count": 2}]`) in
-/// `sacct`'s form (`gres/gpu:h100` → `2`).
-fn restd_tres(list: Option<&Value>) -> BTreeMap<String, String> {
+/// `sacct`'s form (`gres/gpu:h100` → `2`). Missing or null: empty. `Err`: not a list, or a
+/// count in neither number form.
+fn restd_tres(list: Option<&Value>) -> Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
-    for t in list.and_then(Value::as_array).into_iter().flatten() {
+    let list = match list {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(format!("{} is not a TRES list", json_kind(other))),
+    };
+    for t in list {
         let (Some(kind), Some(count)) =
             (json_str(t, "type"), t.get("count").filter(|c| !c.is_null()))
         else {
@@ -1408,18 +1581,27 @@ fn restd_tres(list: Option<&Value>) -> BTreeMap<String, String> {
             Some(name) => format!("{kind}/{name}"),
             None => kind.to_string(),
         };
-        out.insert(key, count.to_string());
+        let count = match count {
+            Value::Object(_) => match json_number(count) {
+                Ok(Some(n)) => n.to_string(),
+                Ok(None) => continue,
+                Err(e) => return Err(format!("{key}: {e}")),
+            },
+            other => other.to_string(),
+        };
+        out.insert(key, count);
     }
-    out
+    Ok(out)
 }
 
-/// Read `GET /slurmdb/v0.0.38/jobs`: the accounting records, as [`parse_sacct`] reads them.
+/// Read `GET /slurmdb/<version>/jobs`, any version of [`RESTD_APIS`]: the accounting records,
+/// as [`parse_sacct`] reads them.
 pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
     let mut out = Sacct::default();
     for (i, j) in restd_list(bytes, "jobs")?.iter().enumerate() {
         out.rows += 1;
         let at = |k: &str| format!("jobs[{i}].{k}");
-        let Some(id) = j.get("job_id").and_then(Value::as_u64) else {
+        let Some(id) = json_job_id(j.get("job_id")) else {
             out.problems
                 .push(json_problem(at("job_id"), "missing or not a number"));
             continue;
@@ -1445,7 +1627,7 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
                 continue;
             }
         };
-        let gpus = match tres_gpus(&restd_tres(j.pointer("/tres/allocated"))) {
+        let gpus = match restd_tres(j.pointer("/tres/allocated")).and_then(|t| tres_gpus(&t)) {
             Ok(Some(g)) => g,
             Ok(None) => continue,
             Err(e) => {
@@ -1454,7 +1636,8 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
                 continue;
             }
         };
-        let nodes = match expand_hostlist(json_str(j, "nodes").unwrap_or_default()) {
+        let nodes = match json_text(j, "nodes").and_then(|n| expand_hostlist(n.unwrap_or_default()))
+        {
             Ok(n) => n,
             Err(e) => {
                 out.problems
@@ -1462,25 +1645,58 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
                 continue;
             }
         };
-        let state = j
-            .pointer("/state/current")
-            .and_then(Value::as_str)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_default();
-        if state.is_empty() || !state.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
-            out.problems.push(json_problem(
-                at("state.current"),
-                format!("job {id}: `{}` is not a job state", clip(state)),
-            ));
-            continue;
-        }
-        let display_id = match (
-            j.pointer("/array/job_id")
-                .and_then(Value::as_u64)
-                .filter(|a| *a != 0),
-            j.pointer("/array/task_id").and_then(Value::as_u64),
-        ) {
-            (Some(a), Some(t)) => format!("{a}_{t}"),
+        let state = match j.pointer("/state/current").map(json_states) {
+            None => Ok(""),
+            Some(Ok(words)) => Ok(words
+                .first()
+                .and_then(|s| s.split_whitespace().next())
+                .unwrap_or_default()),
+            Some(Err(e)) => Err(e),
+        };
+        let state = match state {
+            Ok(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') => s,
+            Ok(s) => {
+                out.problems.push(json_problem(
+                    at("state.current"),
+                    format!("job {id}: `{}` is not a job state", clip(s)),
+                ));
+                continue;
+            }
+            Err(e) => {
+                out.problems
+                    .push(json_problem(at("state.current"), format!("job {id}: {e}")));
+                continue;
+            }
+        };
+        // Text fields a job is listed without: one that is not text is named, and left out.
+        let mut text = |key: &str| match json_text(j, key) {
+            Ok(v) => v.map(String::from),
+            Err(e) => {
+                out.problems
+                    .push(json_problem(at(key), format!("job {id}: {e}; left out")));
+                None
+            }
+        };
+        let (name, user, account, partition, qos) = (
+            text("name"),
+            text("user"),
+            text("account"),
+            text("partition"),
+            text("qos"),
+        );
+        let mut array = |key: &str| match j.pointer(&format!("/array/{key}")).map(json_number) {
+            None | Some(Ok(None)) => None,
+            Some(Ok(Some(n))) => Some(n),
+            Some(Err(e)) => {
+                out.problems.push(json_problem(
+                    at(&format!("array.{key}")),
+                    format!("job {id}: {e}; the job is named by its ID"),
+                ));
+                None
+            }
+        };
+        let display_id = match (array("job_id").filter(|a| *a > 0), array("task_id")) {
+            (Some(a), Some(t)) if t >= 0 => format!("{a}_{t}"),
             _ => id.to_string(),
         };
         let mut steps = Vec::new();
@@ -1492,26 +1708,45 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
             .enumerate()
         {
             out.rows += 1;
-            let name = st
-                .pointer("/step/id")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if name == "extern" || name.ends_with(".extern") {
+            let step_at = |f: &str| format!("jobs[{i}].steps[{k}].{f}");
+            // `batch`, `8.extern` or `{"job_id": 8, "step_id": "extern"}`.
+            let extern_step = match st.pointer("/step/id") {
+                Some(Value::String(s)) => s == "extern" || s.ends_with(".extern"),
+                Some(Value::Object(o)) => {
+                    o.get("step_id").and_then(Value::as_str) == Some("extern")
+                }
+                _ => false,
+            };
+            if extern_step {
                 continue;
             }
-            if !matches!(
-                tres_gpus(&restd_tres(st.pointer("/tres/allocated"))),
-                Ok(Some(_))
-            ) {
-                continue;
+            match restd_tres(st.pointer("/tres/allocated")).and_then(|t| tres_gpus(&t)) {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    out.problems.push(json_problem(
+                        step_at("tres.allocated"),
+                        format!("job {id}: {e}"),
+                    ));
+                    continue;
+                }
             }
-            let ave = restd_tres(st.pointer("/tres/requested/average"));
+            let ave = match restd_tres(st.pointer("/tres/requested/average")) {
+                Ok(a) => a,
+                Err(e) => {
+                    out.problems.push(json_problem(
+                        step_at("tres.requested.average"),
+                        format!("job {id}: {e}"),
+                    ));
+                    continue;
+                }
+            };
             let util = match ave.get("gres/gpuutil").map(|v| v.parse::<f64>()) {
                 None => None,
                 Some(Ok(u)) if u.is_finite() && u >= 0.0 => Some(u),
                 Some(_) => {
                     out.problems.push(json_problem(
-                        format!("jobs[{i}].steps[{k}].tres.requested.average"),
+                        step_at("tres.requested.average"),
                         format!("job {id}: gres/gpuutil is not a percent"),
                     ));
                     continue;
@@ -1522,7 +1757,7 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
                 Some(Ok(b)) if b.is_finite() && b >= 0.0 => Some(b / (1024.0 * 1024.0)),
                 Some(_) => {
                     out.problems.push(json_problem(
-                        format!("jobs[{i}].steps[{k}].tres.requested.average"),
+                        step_at("tres.requested.average"),
                         format!("job {id}: gres/gpumem is not a size"),
                     ));
                     continue;
@@ -1531,11 +1766,22 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
             if util.is_none() && mem.is_none() {
                 continue;
             }
-            let s = st
-                .pointer("/time/start")
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            let e = st.pointer("/time/end").and_then(Value::as_i64).unwrap_or(0);
+            let time = |f: &str| {
+                st.pointer(&format!("/time/{f}"))
+                    .map_or(Ok(None), json_number)
+                    .map(Option::unwrap_or_default)
+                    .map_err(|e| (f.to_string(), e))
+            };
+            let (s, e) = match time("start").and_then(|s| Ok((s, time("end")?))) {
+                Ok(t) => t,
+                Err((f, e)) => {
+                    out.problems.push(json_problem(
+                        step_at(&format!("time.{f}")),
+                        format!("job {id}: {e}"),
+                    ));
+                    continue;
+                }
+            };
             let weight = if e > s && s > 0 { (e - s) as f64 } else { 1.0 };
             steps.push(StepUsage {
                 util_pct: util,
@@ -1546,11 +1792,11 @@ pub fn parse_restd_accounting(bytes: &[u8]) -> Result<Sacct, String> {
         out.jobs.push(SacctJob {
             id: id.to_string(),
             display_id,
-            name: json_str(j, "name").map(String::from),
-            user: json_str(j, "user").map(String::from),
-            account: json_str(j, "account").map(String::from),
-            partition: json_str(j, "partition").map(String::from),
-            qos: json_str(j, "qos").map(String::from),
+            name,
+            user,
+            account,
+            partition,
+            qos,
             state: state.to_string(),
             start,
             end,
@@ -1662,6 +1908,301 @@ mod tests {
         assert!(parse_restd_nodes(b"<html>")
             .unwrap_err()
             .contains("not JSON"));
+    }
+
+    /// API v0.0.41 answers (Slurm 24.05 and on), abridged and written by hand from Slurm's
+    /// `data_parser/v0.0.41/parsers.c` and the OpenAPI description — no recorded answer of a
+    /// later version than v0.0.38 exists in this project (`tests/data/slurmrestd/README.md`).
+    #[test]
+    fn restd_v0041_answers_from_the_schema() {
+        let n = parse_restd_nodes(include_bytes!(
+            "../../../tests/data/slurmrestd/v0.0.41-nodes.json"
+        ))
+        .unwrap();
+        assert_eq!(n.problems, vec![], "{:?}", n.problems);
+        let by_name: BTreeMap<&str, &SlurmNode> =
+            n.nodes.iter().map(|x| (x.name.as_str(), x)).collect();
+        assert_eq!(n.gpu_nodes().count(), 4, "cpu01 has none");
+        let state = |h: &str| {
+            let s = by_name[h].state.clone().unwrap();
+            (s.text, s.available)
+        };
+        let gpu01 = by_name["gpu01"];
+        assert_eq!(gpu01.gpus_by_type(), BTreeMap::from([("h100".into(), 4)]));
+        assert_eq!(
+            (gpu01.gpus_used, gpu01.used_indexes.clone()),
+            (Some(3), Some(vec![0, 1, 2]))
+        );
+        assert_eq!(gpu01.partitions, ["gpu", "debug"]);
+        assert_eq!(state("gpu01"), ("mixed".into(), Some(true)));
+        assert_eq!(
+            by_name["gpu02"].gpus_by_type(),
+            BTreeMap::from([("a100".into(), 2), ("1g.10gb".into(), 7)])
+        );
+        assert_eq!(by_name["gpu02"].physical_gpus(), 3);
+        assert_eq!(state("gpu02"), ("idle+drain".into(), Some(false)));
+        assert_eq!(state("gpu03"), ("down+not_responding".into(), Some(false)));
+        assert_eq!(
+            state("gpu04"),
+            ("mixed+maintenance+reserved".into(), Some(true))
+        );
+
+        let (jobs, problems) = parse_restd_running(include_bytes!(
+            "../../../tests/data/slurmrestd/v0.0.41-jobs.json"
+        ))
+        .unwrap();
+        assert_eq!(problems, vec![]);
+        assert_eq!(jobs.len(), 2, "the pending job holds no GPUs");
+        let h100 = Some("h100".to_string());
+        assert_eq!(
+            (jobs[0].job_id.as_str(), &jobs[0].nodes["gpu01"][&h100]),
+            ("301", &vec![0, 1])
+        );
+        assert_eq!(jobs[1].nodes["gpu01"][&h100], vec![2]);
+        assert_eq!(
+            jobs[1].nodes["gpu04"][&Some("l40s".to_string())],
+            vec![0, 1, 2, 3]
+        );
+
+        let s = parse_restd_accounting(include_bytes!(
+            "../../../tests/data/slurmrestd/v0.0.41-slurmdb-jobs.json"
+        ))
+        .unwrap();
+        assert_eq!(s.problems, vec![]);
+        assert_eq!(s.jobs.len(), 2, "the CPU job is left out");
+        assert_eq!(s.rows, 3 + 3, "three jobs, three steps");
+        let j = &s.jobs[0];
+        assert_eq!(
+            (j.id.as_str(), j.display_id.as_str(), j.state.as_str()),
+            ("201", "200_3", "COMPLETED")
+        );
+        assert_eq!(
+            (
+                j.user.as_deref(),
+                j.account.as_deref(),
+                j.partition.as_deref(),
+                j.qos.as_deref(),
+                j.name.as_deref()
+            ),
+            (
+                Some("ana"),
+                Some("speech"),
+                Some("gpu"),
+                Some("normal"),
+                Some("train")
+            )
+        );
+        assert_eq!(
+            (j.start.map(|t| t.timestamp()), j.end.map(|t| t.timestamp())),
+            (Some(1_700_000_100), Some(1_700_000_700))
+        );
+        assert_eq!(j.nodes, ["gpu01"]);
+        assert_eq!((j.gpus.total, j.gpus.by_type.get("h100")), (2, Some(&2)));
+        // batch 30 % over 300 s and step 0 70 % over 300 s; the extern step's 0 is no measure.
+        assert_eq!((j.gpu_util_pct, j.gpu_mem_mib), (Some(50.0), Some(3072.0)));
+        let r = &s.jobs[1];
+        assert_eq!(
+            (
+                r.id.as_str(),
+                r.display_id.as_str(),
+                r.state.as_str(),
+                r.end
+            ),
+            ("302", "302", "RUNNING", None)
+        );
+        assert_eq!(r.nodes, ["gpu01", "gpu04"]);
+        assert_eq!((r.gpus.total, r.gpu_util_pct), (5, None));
+    }
+
+    /// API v0.0.40 (Slurm 23.11 to 24.11) keeps v0.0.38's `allocated_nodes[].nodename` but
+    /// writes states as lists, unset numbers as `{"set": …}` and a step's ID as an object
+    /// (abridged, written from `data_parser/v0.0.40/parsers.c`, not recorded).
+    #[test]
+    fn restd_v0040_answers_read_the_same() {
+        let nodes = br#"{"nodes": [
+            {"name": "n1", "gres": "gpu:h100:4", "gres_used": "gpu:h100:2(IDX:0,3)",
+             "state": ["IDLE", "DRAIN"], "partitions": ["gpu"],
+             "boot_time": {"set": true, "infinite": false, "number": 1699990000},
+             "tres": "cpu=4,gres/gpu=4,gres/gpu:h100=4"},
+            {"name": "n2", "gres": "", "state": ["ALLOCATED"], "tres": "cpu=4,gres/gpu=2"}],
+            "last_update": {"set": true, "infinite": false, "number": 1700000000},
+            "errors": [], "warnings": []}"#;
+        let n = parse_restd_nodes(nodes).unwrap();
+        assert_eq!(n.problems, vec![]);
+        assert_eq!(
+            n.nodes[0].state,
+            Some(NodeState {
+                text: "idle+drain".into(),
+                available: Some(false)
+            })
+        );
+        assert_eq!(n.nodes[0].used_indexes, Some(vec![0, 3]));
+        assert_eq!(n.nodes[1].gpus, BTreeMap::from([(None, 2)]));
+
+        let running = br#"{"jobs": [
+            {"job_id": 10, "job_state": ["RUNNING"], "gres_detail": ["gpu:h100:2(IDX:0,3)"],
+             "array_task_id": {"set": false, "infinite": false, "number": 0},
+             "job_resources": {"nodes": "n1", "allocated_cores": 8, "allocated_cpus": 0,
+               "allocated_hosts": 1,
+               "allocated_nodes": [{"sockets": {"0": {"cores": {"0": "allocated"}}},
+                 "nodename": "n1", "cpus_used": 0, "memory_used": 0,
+                 "memory_allocated": 1000}]}}],
+            "errors": []}"#;
+        let (jobs, problems) = parse_restd_running(running).unwrap();
+        assert_eq!(problems, vec![]);
+        assert_eq!(jobs[0].nodes["n1"][&Some("h100".into())], vec![0, 3]);
+
+        let db = br#"{"jobs": [
+            {"job_id": 8, "user": "ana", "account": "speech", "partition": "gpu", "qos": "normal",
+             "name": "t", "nodes": "n1", "state": {"current": ["CANCELLED"], "reason": "None"},
+             "time": {"start": 100, "end": 400, "limit": {"set": true, "infinite": false, "number": 5}},
+             "array": {"job_id": 0, "task_id": {"set": false, "infinite": false, "number": 0}},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "id": 1001, "count": 2}]},
+             "steps": [
+               {"step": {"id": {"job_id": 8, "step_id": "extern"}, "name": "extern"},
+                "time": {"start": {"set": true, "infinite": false, "number": 100},
+                         "end": {"set": true, "infinite": false, "number": 400}},
+                "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 2}],
+                         "requested": {"average": [{"type": "gres", "name": "gpuutil", "count": 0}]}}},
+               {"step": {"id": {"job_id": 8, "step_id": "batch"}, "name": "batch"},
+                "time": {"start": {"set": true, "infinite": false, "number": 100},
+                         "end": {"set": true, "infinite": false, "number": 400}},
+                "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 2}],
+                         "requested": {"average": [{"type": "gres", "name": "gpuutil", "count": 64}]}}}]},
+            {"job_id": 9, "nodes": "n1", "state": {"current": ["RUNNING"]},
+             "time": {"start": 150, "end": 0},
+             "array": {"job_id": 5, "task_id": {"set": true, "infinite": false, "number": 3}},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}}],
+            "errors": []}"#;
+        let s = parse_restd_accounting(db).unwrap();
+        assert_eq!(s.problems, vec![]);
+        assert_eq!(
+            (
+                s.jobs[0].state.as_str(),
+                s.jobs[0].display_id.as_str(),
+                s.jobs[0].gpu_util_pct
+            ),
+            ("CANCELLED", "8", Some(64.0))
+        );
+        assert_eq!(s.jobs[0].end.map(|t| t.timestamp()), Some(400));
+        assert_eq!(
+            (s.jobs[1].display_id.as_str(), s.jobs[1].end),
+            ("5_3", None)
+        );
+    }
+
+    /// A field of an unexpected type is a problem naming it, in every reader, whatever the
+    /// version; the rest of the answer is read.
+    #[test]
+    fn restd_wrong_types_are_named_problems() {
+        let nodes = br#"{"nodes": [
+            {"name": "n1", "gres": 4, "state": ["IDLE"]},
+            {"name": "n2", "gres": "gpu:2", "state": 5},
+            {"name": "n3", "gres": "gpu:2", "state": ["IDLE", 3]},
+            {"name": "n4", "gres": "gpu:2", "state": ["IDLE", "SLEEPY"]},
+            {"name": "n5", "gres": "gpu:2", "gres_used": ["gpu:1"], "state": []},
+            {"name": ["n6"]},
+            {"name": "n7", "gres": "gpu:2", "state": ["MIXED"]}]}"#;
+        let n = parse_restd_nodes(nodes).unwrap();
+        let named: Vec<String> = n.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            named,
+            [
+                "nodes[0].gres: node n1: `4` is not text",
+                "nodes[1].state: node n2: `5` is not a state",
+                "nodes[2].state: node n3: `3` in the list is not a state",
+                "nodes[3].state: node n4: `IDLE+SLEEPY`: `sleepy` is not a node state this reader knows",
+                "nodes[4].state: node n5: an empty list is not a state",
+                "nodes[4].gres_used: node n5: a list is not text",
+                "nodes[5].name: a list is not text",
+            ]
+        );
+        // A node whose state or use cannot be read keeps its GPUs, with no state.
+        let kept: Vec<(&str, bool)> = n
+            .nodes
+            .iter()
+            .map(|x| (x.name.as_str(), x.state.is_some()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("n2", false),
+                ("n3", false),
+                ("n4", false),
+                ("n5", false),
+                ("n7", true)
+            ]
+        );
+
+        let running = br#"{"jobs": [
+            {"job_id": 1, "gres_detail": ["gpu:1(IDX:0)"],
+             "job_resources": {"nodes": {"allocation": [{"index": 0, "name": 7}]}}},
+            {"job_id": 2, "gres_detail": [5],
+             "job_resources": {"nodes": {"allocation": [{"index": 0, "name": "n1"}]}}},
+            {"job_id": 3, "gres_detail": "gpu:1(IDX:0)"},
+            {"job_id": {"set": true, "infinite": false, "number": 4}, "gres_detail": ["gpu:1(IDX:1)"],
+             "job_resources": {"allocated_nodes": {"nodename": "n1"}}},
+            {"job_id": "5", "gres_detail": ["gpu:1(IDX:0)"]},
+            {"job_id": 6, "gres_detail": ["gpu:1(IDX:2)"],
+             "job_resources": {"nodes": {"allocation": [{"index": 0, "name": "n1"}]}}}]}"#;
+        let (jobs, problems) = parse_restd_running(running).unwrap();
+        let named: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            named,
+            [
+                "jobs[0].job_resources.nodes.allocation[0].name: job 1: `7` is not a node name; its GPU indexes are not used",
+                "jobs[1].gres_detail[0]: job 2: `5` is not a GRES string",
+                "jobs[2].gres_detail: job 3: `\"gpu:1(IDX:0)\"` is not a list",
+                "jobs[3].job_resources.allocated_nodes: job 4: an object is not a list; its GPU indexes are not used",
+                "jobs[4].job_id: missing or not a number",
+            ]
+        );
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].nodes["n1"][&None], vec![2]);
+
+        let db = br#"{"jobs": [
+            {"job_id": 1, "nodes": "n1", "state": {"current": ["COMPLETED"]},
+             "time": {"start": {"set": "yes", "number": 5}, "end": 9},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}},
+            {"job_id": 2, "nodes": "n1", "state": {"current": [1]}, "time": {"start": 1, "end": 2},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}},
+            {"job_id": 3, "nodes": "n1", "state": {"current": ["COMPLETED"]},
+             "time": {"start": 1, "end": 2}, "tres": {"allocated": {"gres/gpu": 1}}},
+            {"job_id": 4, "nodes": ["n1"], "state": {"current": ["COMPLETED"]},
+             "time": {"start": 1, "end": 2},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}]}},
+            {"job_id": 5, "nodes": "n1", "user": 1001, "state": {"current": ["COMPLETED"]},
+             "time": {"start": 1, "end": 2}, "array": {"job_id": 4, "task_id": "three"},
+             "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": {"set": true, "infinite": false, "number": 1}}]},
+             "steps": [
+               {"step": {"id": "5.batch"}, "time": {"start": "early", "end": 2},
+                "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}],
+                         "requested": {"average": [{"type": "gres", "name": "gpuutil", "count": 50}]}}},
+               {"step": {"id": "5.0"}, "time": {"start": 1, "end": 2},
+                "tres": {"allocated": [{"type": "gres", "name": "gpu", "count": 1}],
+                         "requested": {"average": {"gpuutil": 50}}}}]}]}"#;
+        let s = parse_restd_accounting(db).unwrap();
+        let named: Vec<String> = s.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            named,
+            [
+                "jobs[0].time.start: job 1: an object is not a time",
+                "jobs[1].state.current: job 2: `1` in the list is not a state",
+                "jobs[2].tres.allocated: job 3: an object is not a TRES list",
+                "jobs[3].nodes: job 4: a list is not text",
+                "jobs[4].user: job 5: `1001` is not text; left out",
+                "jobs[4].array.task_id: job 5: `\"three\"` is not a number; the job is named by its ID",
+                "jobs[4].steps[0].time.start: job 5: `\"early\"` is not a number",
+                "jobs[4].steps[1].tres.requested.average: job 5: an object is not a TRES list",
+            ]
+        );
+        assert_eq!(s.jobs.len(), 1, "job 5 is kept without its user");
+        let j = &s.jobs[0];
+        assert_eq!(
+            (j.id.as_str(), j.display_id.as_str(), j.user.as_deref()),
+            ("5", "5", None)
+        );
+        assert_eq!((j.gpus.total, j.gpu_util_pct), (1, None));
     }
 
     #[test]
