@@ -4,6 +4,7 @@
 mod bench;
 mod config;
 mod demo;
+mod forecast;
 mod inventory;
 mod pull;
 mod tokens;
@@ -70,6 +71,12 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         db: DbArgs,
+    },
+    /// Spend forecasts: `forecast backtest --db URL` tests the month-end forecast made on day 15
+    /// of a past month against what the month cost, per team.
+    Forecast {
+        #[command(subcommand)]
+        command: forecast::ForecastCommand,
     },
     /// Validate a config file and print every problem with its location.
     CheckConfig {
@@ -641,6 +648,7 @@ fn main() -> std::process::ExitCode {
             Command::Collect(a) => collect(a).await,
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
+            Command::Forecast { command } => forecast::run(command).await,
             Command::Backup { file, db } => backup(file, db).await,
             Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {

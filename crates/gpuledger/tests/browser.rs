@@ -95,12 +95,12 @@ async fn browser_filters_and_drill_down_match_the_api() {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
 
-    // The demo, as the README runs it, with a shorter history.
+    // The demo, as the README runs it, with a shorter history (ten days: enough for a forecast).
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
         .args([
             "demo",
             "--days",
-            "3",
+            "10",
             "--listen",
             "127.0.0.1:0",
             "--database-url",
@@ -306,6 +306,27 @@ async fn browser_filters_and_drill_down_match_the_api() {
         assert!(src.contains("Demo data"), "{name} must say it is demo data");
         shot(name).await;
     }
+    // The overview's forecast, scrolled into view: its figures are the API's, and with ten
+    // days of history it has a projection to show.
+    c.goto(&format!("{base}/")).await.unwrap();
+    let fc = api(&base, "/api/v1/forecast").await;
+    let total = &fc["total"];
+    assert_eq!(
+        text(&c, "#forecast-mtd").await,
+        usd(total["month_to_date_usd"].as_f64().unwrap())
+    );
+    let expected = total["month_end_usd"]["expected"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("ten days of history make a forecast: {fc}"));
+    assert_eq!(text(&c, "#forecast-month-end").await, usd(expected));
+    c.execute(
+        "document.getElementById('forecast-mtd').closest('.cards').previousElementSibling\
+         .scrollIntoView({block: 'start'});",
+        vec![],
+    )
+    .await
+    .unwrap();
+    shot("overview-forecast").await;
     // The content security policy allows no inline script or style: the stylesheet and the
     // sorting script are files, and both take effect (charts, filters and sorting work).
     c.goto(&format!("{base}/inventory")).await.unwrap();

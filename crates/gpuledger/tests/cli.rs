@@ -1422,3 +1422,73 @@ async fn serve_https_and_reload_a_renewed_certificate() {
         "the old certificate is no longer served"
     );
 }
+
+/// `forecast backtest` on the demo: the forecast made on day 15 of the last complete month
+/// against that month's cost, per team; each line's error is its expected figure less the
+/// actual, the teams add up to the total, and a month without the history is refused saying
+/// what it needs.
+#[test]
+fn forecast_backtest_on_the_demo() {
+    use chrono::{Datelike, Duration, NaiveDate, Utc};
+    let dir = tempdir("forecast-backtest");
+    // The 28 days before the 15th of last month, and every day since.
+    let today = Utc::now().date_naive();
+    let this = NaiveDate::from_ymd_opt(today.year(), today.month(), 1).unwrap();
+    let last = (this - Duration::days(1)).with_day(1).unwrap();
+    let days = (today - (last - Duration::days(14))).num_days() + 2;
+    let db = demo_db(&dir, days as u32);
+    let out = bin()
+        .args(["forecast", "backtest", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            "forecast made {}-15 00:00 UTC",
+            last.format("%Y-%m")
+        )),
+        "{text}"
+    );
+    let num = |s: &str| s.parse::<f64>().unwrap();
+    let mut teams = 0.0;
+    let mut total = None;
+    let mut lines = 0;
+    for l in text.lines().skip(3) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f[1] == "unknown" {
+            // No forecast (too little history): its actual still counts in the total.
+            teams += num(f[4]);
+            lines += 1;
+            continue;
+        }
+        let (low, expected, high, actual, err) =
+            (num(f[1]), num(f[2]), num(f[3]), num(f[4]), num(f[5]));
+        assert!((expected - actual - err).abs() < 0.011, "{l}");
+        assert_eq!(f[7] == "yes", low <= actual && actual <= high, "{l}");
+        if f[0] == "total" {
+            total = Some(actual);
+        } else {
+            teams += actual;
+            lines += 1;
+        }
+    }
+    assert!(lines >= 5, "{text}");
+    assert!((total.unwrap() - teams).abs() < 0.1, "{text}");
+    let out = bin()
+        .args(["forecast", "backtest", "--month", "2001-01", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("2001-01") && err.contains("needs the 28 days"),
+        "{err}"
+    );
+}

@@ -5,6 +5,7 @@
 pub mod billing;
 pub mod catalog;
 pub mod facts;
+pub mod forecast;
 pub mod identity;
 pub mod ingest;
 pub mod merge;

@@ -11,6 +11,7 @@ mod backup;
 mod billing;
 mod dash;
 mod float;
+mod forecast;
 mod identity;
 mod ingest;
 mod lease;

@@ -3874,3 +3874,108 @@ async fn a_schedulers_average_fills_only_the_hours_no_sample_measured(store: Sto
         ]
     );
 }
+
+/// Hourly samples of `uuid` from `from` to `to` (exclusive), at half past each hour.
+fn hourly_samples(uuid: &str, from: &str, to: &str) -> String {
+    let (mut at, to) = (t(from), t(to));
+    let mut out = Vec::new();
+    while at < to {
+        out.push(format!(
+            r#"{{"gpu_uuid":"{uuid}","ts":"{}","util_pct":50.0}}"#,
+            at.format("%Y-%m-%dT%H:%M:%SZ")
+        ));
+        at += Duration::hours(1);
+    }
+    out.join(",")
+}
+
+/// The forecast's inputs are the summary's rows: its month so far equals the summary's cost,
+/// GPU-hours and unpriced hours of the same days, per team and in total, with and without a
+/// filter, across a change of owner inside the month. A team with under a week of history has
+/// no projection.
+async fn forecast_month_so_far_equals_the_summary(store: Store) {
+    let p = who("hand", None);
+    let gpu = |uuid: &str, model: &str, team: &str, at: &str| {
+        format!(
+            r#"{{"uuid":"{uuid}","model":"{model}","labels":{{"team":"{team}","env":"prod"}},"observed_at":"{at}"}}"#
+        )
+    };
+    for (uuid, model, team, from) in [
+        (A, "NVIDIA H100 80GB HBM3", "nlp", "2026-11-22T00:30:00Z"),
+        (B, "Tesla T4", "vision", "2026-11-28T00:30:00Z"),
+        (C, "Mystery GPU", "nlp", "2026-11-25T00:30:00Z"),
+    ] {
+        let body = format!(
+            r#"{{"gpus":[{}],"samples":[{}]}}"#,
+            gpu(uuid, model, team, from),
+            hourly_samples(uuid, from, "2026-12-02T12:00:00Z")
+        );
+        let out = push(&store, &p, &body).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    }
+    // A moves to vision from 2026-12-01 06:00.
+    push(
+        &store,
+        &p,
+        &format!(
+            r#"{{"gpus":[{}]}}"#,
+            gpu(A, "NVIDIA H100 80GB HBM3", "vision", "2026-12-01T06:10:00Z")
+        ),
+    )
+    .await;
+    let month = hours_window("2026-12-01T00:00:00Z", "2026-12-02T12:00:00Z");
+    for filters in [
+        Filters::default(),
+        Filters {
+            team: vec!["nlp".into()],
+            ..Default::default()
+        },
+    ] {
+        let s = store
+            .summary(month, &filters, GroupBy::Team, now())
+            .await
+            .unwrap();
+        let (groups, total) = store
+            .forecast(&filters, GroupBy::Team, now())
+            .await
+            .unwrap();
+        assert!(s.total.cost_usd > 0.0);
+        assert_eq!(total.month_to_date_usd, s.total.cost_usd, "{filters:?}");
+        assert_eq!(total.unpriced_gpu_hours, s.total.unpriced_gpu_hours);
+        for g in &s.groups {
+            let f = groups.iter().find(|f| f.key == g.key).unwrap();
+            assert_eq!(
+                (f.month_to_date_usd, f.unpriced_gpu_hours),
+                (g.cost_usd, g.unpriced_gpu_hours),
+                "{}",
+                g.key
+            );
+        }
+        let rows = store.forecast_days(month, &filters, now()).await.unwrap();
+        let hours: i64 = rows.iter().map(|r| r.gpu_hours).sum();
+        assert_eq!(hours, s.total.gpu_hours);
+    }
+    let (groups, _) = store
+        .forecast(&Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = groups.iter().find(|f| f.key == "nlp").unwrap();
+    // nlp's history: 2026-11-22 ..= 2026-12-01, ten complete days.
+    assert_eq!(nlp.basis.days, 10);
+    let me = nlp.month_end_usd.clone().unwrap();
+    assert!(me.low <= me.expected && me.expected <= me.high, "{me:?}");
+    assert!(me.expected > nlp.month_to_date_usd);
+    // nlp's own unpriced hours: C's 36 hours of December.
+    assert_eq!(nlp.unpriced_gpu_hours, 36);
+    // vision since 2026-11-28: four complete days, no projection (never $0).
+    let vision = groups.iter().find(|f| f.key == "vision").unwrap();
+    assert_eq!(vision.basis.days, 4);
+    assert_eq!(vision.month_end_usd, None);
+    assert!(vision
+        .note
+        .as_deref()
+        .unwrap()
+        .contains("not enough history"));
+}
+
+both!(forecast_month_so_far_equals_the_summary);

@@ -147,6 +147,14 @@ pub const BILLING: Operation = Operation {
     statuses: READ,
     auth: Auth::Read,
 };
+pub const FORECAST: Operation = Operation {
+    method: "get",
+    path: "/api/v1/forecast",
+    filters: true,
+    params: &["group_by"],
+    statuses: READ,
+    auth: Auth::Read,
+};
 pub const AUDIT: Operation = Operation {
     method: "get",
     path: "/api/v1/audit",
@@ -189,9 +197,9 @@ pub const READYZ: Operation = Operation {
 };
 
 /// Every operation of the contract.
-pub const OPERATIONS: [Operation; 14] = [
-    INGEST, GPUS, GPU, SUMMARY, SOURCES, TEAMS, SAVINGS, USED_BY, BILLING, AUDIT, OPENAPI, METRICS,
-    HEALTHZ, READYZ,
+pub const OPERATIONS: [Operation; 15] = [
+    INGEST, GPUS, GPU, SUMMARY, SOURCES, TEAMS, SAVINGS, USED_BY, BILLING, FORECAST, AUDIT,
+    OPENAPI, METRICS, HEALTHZ, READYZ,
 ];
 
 /// The routes the router serves outside the contract: the dashboard's pages (their CSV

@@ -7,6 +7,7 @@
 mod api;
 mod contract;
 mod csv;
+mod forecast;
 mod ingest;
 mod limits;
 mod metrics;
@@ -245,6 +246,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/savings", get(ui::savings_api))
         .route("/api/v1/used-by", get(api::used_by))
         .route("/api/v1/billing", get(api::billing))
+        .route("/api/v1/forecast", get(forecast::forecast))
         .route("/api/v1/openapi.json", get(openapi::serve))
         .route("/metrics", get(metrics::serve))
         .route_layer(middleware::from_fn_with_state(

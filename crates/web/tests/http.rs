@@ -898,6 +898,79 @@ async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
             );
         }
 
+        // The forecast block of the overview and of a team's page: the API's figures, and
+        // the month so far is the summary's cost of the month's days.
+        let range_of = |text: &str| -> Option<(i64, i64)> {
+            let w: Vec<&str> = text.split_whitespace().collect();
+            match w.as_slice() {
+                ["range", lo, "to", hi] => Some((cents(money(lo)?), cents(money(hi)?))),
+                _ => None,
+            }
+        };
+        let month = app
+            .get_json(&format!("/api/v1/summary?{}", q("from=2026-12-01")))
+            .await;
+        for (page, api) in [
+            (
+                format!("/?{}", q("")),
+                format!("/api/v1/forecast?{}", q("")),
+            ),
+            // A team's page shows that team whatever the team filter says.
+            (
+                format!("/teams/vision?{}", q("")),
+                if filter.starts_with("team=") {
+                    "/api/v1/forecast?team=vision".to_string()
+                } else {
+                    format!("/api/v1/forecast?{}", q("team=vision"))
+                },
+            ),
+        ] {
+            let (_, html) = app.get(&page).await;
+            let fc = app.get_json(&api).await;
+            let ft = &fc["total"];
+            assert_eq!(
+                money(by_id(&html, "forecast-mtd")).map(cents),
+                Some(cents(f64_of(&ft["month_to_date_usd"]))),
+                "{filter}: {page}: month so far"
+            );
+            for (id, key) in [
+                ("forecast-month-end", "month_end_usd"),
+                ("forecast-next-month", "next_month_usd"),
+                ("forecast-next-quarter", "next_quarter_usd"),
+            ] {
+                let p = &ft[key];
+                assert_eq!(
+                    money(by_id(&html, id)).map(cents),
+                    p["expected"].as_f64().map(cents),
+                    "{filter}: {page}: {id}"
+                );
+                let range = p["low"]
+                    .as_f64()
+                    .map(|lo| (cents(lo), cents(f64_of(&p["high"]))));
+                assert_eq!(
+                    range_of(by_id(&html, &format!("{id}-range"))),
+                    range,
+                    "{filter}: {page}: {id} range"
+                );
+                if p.is_null() {
+                    assert_eq!(by_id(&html, id), "unknown", "{filter}: {page}: {id}");
+                }
+            }
+        }
+        let fc = app.get_json(&format!("/api/v1/forecast?{}", q(""))).await;
+        assert_eq!(
+            cents(f64_of(&fc["total"]["month_to_date_usd"])),
+            cents(f64_of(&month["total"]["cost_usd"])),
+            "{filter}: the month so far is the summary's"
+        );
+        if filter.is_empty() {
+            assert!(
+                fc["total"]["month_end_usd"]["expected"].as_f64().unwrap()
+                    > f64_of(&fc["total"]["month_to_date_usd"]),
+                "{fc}"
+            );
+        }
+
         // Teams: owned figures from the summary, used figures from used-by.
         let used = app.get_json(&format!("/api/v1/used-by?{}", q(""))).await;
         let (_, csv) = app.get(&format!("/teams?{}", q("csv=teams"))).await;
@@ -2135,11 +2208,17 @@ async fn a_jobs_average_fills_unmeasured_hours_and_every_view_says_so() {
     assert_eq!(rows[1]["mem_origin"], "allocation average");
     // Hour 08: the sample measured activity but no memory, which the job's average fills.
     assert_eq!(
-        (rows[0]["activity_origin"].as_str(), rows[0]["mem_origin"].as_str()),
+        (
+            rows[0]["activity_origin"].as_str(),
+            rows[0]["mem_origin"].as_str()
+        ),
         ("samples", "allocation average")
     );
     assert_eq!(
-        (rows[2]["activity_origin"].as_str(), rows[2]["mem_origin"].as_str()),
+        (
+            rows[2]["activity_origin"].as_str(),
+            rows[2]["mem_origin"].as_str()
+        ),
         ("", ""),
         "hour 10: unknown"
     );
@@ -2147,10 +2226,64 @@ async fn a_jobs_average_fills_unmeasured_hours_and_every_view_says_so() {
         .get(&format!("/gpus/{A}?from=2026-12-02&to=2026-12-03"))
         .await;
     assert_eq!(status, 200);
-    assert!(html.contains("<dt>Hours from a job&#39;s average</dt>"), "{html}");
+    assert!(
+        html.contains("<dt>Hours from a job&#39;s average</dt>"),
+        "{html}"
+    );
     assert!(html.contains("1 of 2 hours with known activity"), "{html}");
     assert!(
         html.contains("54.0 % utilization, 7,768 MiB memory"),
         "{html}"
     );
+}
+
+/// `GET /api/v1/forecast`: groups by team, env or cloud and refuses anything else naming
+/// `group_by`; a group with under a week of history has no projection (null and a note,
+/// never $0); every group's month so far is the summary's cost of the month's days.
+#[tokio::test]
+async fn query_forecast_groups_and_marks_short_history_unknown() {
+    let app = app(WebConfig::default()).await;
+    figures_fleet(&app).await;
+    for bad in ["model", "cluster", "colour"] {
+        let (status, body) = app.get(&format!("/api/v1/forecast?group_by={bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("group_by"), "{body}");
+    }
+    let fc = app.get_json("/api/v1/forecast?group_by=cloud").await;
+    assert_eq!(fc["group_by"], "cloud");
+    let month = app
+        .get_json("/api/v1/summary?group_by=cloud&from=2026-12-01")
+        .await;
+    let groups = fc["groups"].as_array().unwrap();
+    for g in month["groups"].as_array().unwrap() {
+        let f = groups.iter().find(|f| f["key"] == g["key"]).unwrap();
+        assert_eq!(
+            cents(f["month_to_date_usd"].as_f64().unwrap()),
+            cents(g["cost_usd"].as_f64().unwrap()),
+            "{}",
+            g["key"]
+        );
+    }
+    // gcp's only GPU arrived on 2026-11-30: two complete days.
+    let gcp = groups.iter().find(|f| f["key"] == "gcp").unwrap();
+    assert_eq!(gcp["basis"]["days"], 2);
+    assert!(
+        gcp["month_end_usd"].is_null() && gcp["demand"].is_null(),
+        "{gcp}"
+    );
+    assert!(gcp["note"].as_str().unwrap().contains("not enough history"));
+    assert!(gcp["month_to_date_usd"].as_f64().unwrap() > 0.0);
+    // aws since 2026-11-19: a forecast with its range, and demand per model.
+    let aws = groups.iter().find(|f| f["key"] == "aws").unwrap();
+    let me = &aws["month_end_usd"];
+    assert!(me["low"].as_f64() <= me["expected"].as_f64(), "{me}");
+    assert!(me["expected"].as_f64() <= me["high"].as_f64(), "{me}");
+    assert_eq!(me["from"], "2026-12-01");
+    assert_eq!(aws["next_quarter_usd"]["from"], "2027-01-01");
+    assert_eq!(aws["month_days"].as_array().unwrap().len(), 31);
+    assert!(fc["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["key"] == "NVIDIA L4"));
 }

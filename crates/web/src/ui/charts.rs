@@ -187,6 +187,112 @@ pub fn stacked(label: &str, x_labels: &[String], series: &[Series], y_unit: &str
     out
 }
 
+/// A day's projection: low, expected, high.
+pub type Band = (f64, f64, f64);
+
+/// What was spent per day as bars, and for the days a forecast covers its expected value as a
+/// dashed line over its range (shaded), labelled as a forecast. Days without a figure are gaps.
+pub fn forecast_bars(
+    label: &str,
+    x_labels: &[String],
+    actual: &[Option<f64>],
+    forecast: &[Option<Band>],
+    y_unit: &str,
+) -> String {
+    let n = x_labels.len();
+    let y_max = actual
+        .iter()
+        .flatten()
+        .copied()
+        .chain(forecast.iter().flatten().map(|b| b.2))
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let mut out = String::new();
+    frame(&mut out, label, y_max, y_unit, x_labels);
+    let slot = (W - LEFT - RIGHT) / n.max(1) as f64;
+    let plot_h = H - TOP - BOTTOM;
+    let y_of = |v: f64| TOP + plot_h - plot_h * (v / y_max).clamp(0.0, 1.0);
+    let x_of = |i: usize| LEFT + slot * (i as f64 + 0.5);
+    for (i, (xl, v)) in x_labels.iter().zip(actual).enumerate() {
+        let Some(v) = v else { continue };
+        let y = y_of(*v);
+        let _ = write!(
+            out,
+            r#"<rect class="spent" x="{:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="var(--busy)"><title>{}: spent {}{}</title></rect>"#,
+            LEFT + slot * i as f64 + slot * 0.12,
+            slot * 0.76,
+            TOP + plot_h - y,
+            esc(xl),
+            fmt_tick(*v),
+            y_unit
+        );
+    }
+    let days: Vec<(usize, Band)> = forecast
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| Some((i, (*b)?)))
+        .collect();
+    if !days.is_empty() {
+        let mut band = String::new();
+        for (i, b) in &days {
+            let _ = write!(band, "{:.1},{:.1} ", x_of(*i), y_of(b.2));
+        }
+        for (i, b) in days.iter().rev() {
+            let _ = write!(band, "{:.1},{:.1} ", x_of(*i), y_of(b.0));
+        }
+        let _ = write!(
+            out,
+            r#"<polygon class="forecast-band" points="{}" fill="var(--idle)" fill-opacity="0.25" stroke="none"/>"#,
+            band.trim_end()
+        );
+        let mut line = String::new();
+        for (k, (i, b)) in days.iter().enumerate() {
+            let _ = write!(
+                line,
+                "{}{:.1},{:.1} ",
+                if k == 0 { "M" } else { "L" },
+                x_of(*i),
+                y_of(b.1)
+            );
+        }
+        let _ = write!(
+            out,
+            r#"<path class="forecast-line" d="{}" fill="none" stroke="var(--idle)" stroke-width="2.2" stroke-dasharray="6 4"/>"#,
+            line.trim_end()
+        );
+        for (i, b) in &days {
+            let _ = write!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="var(--idle)"><title>{}: forecast {} ({} to {}){}</title></circle>"#,
+                x_of(*i),
+                y_of(b.1),
+                esc(&x_labels[*i]),
+                fmt_tick(b.1),
+                fmt_tick(b.0),
+                fmt_tick(b.2),
+                y_unit
+            );
+        }
+    }
+    legend(
+        &mut out,
+        &[
+            Series {
+                name: "spent".into(),
+                color: "var(--busy)".into(),
+                values: vec![],
+            },
+            Series {
+                name: "forecast (dashed: expected; shaded: range)".into(),
+                color: "var(--idle)".into(),
+                values: vec![],
+            },
+        ],
+    );
+    out.push_str("</svg>");
+    out
+}
+
 /// Mean activity by weekday × hour of day; cells without data are hatched as unknown.
 pub fn heatmap(label: &str, cells: &[Vec<Option<f64>>]) -> String {
     const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
@@ -342,6 +448,26 @@ mod tests {
         let d = svg.split(r#"<path d=""#).nth(1).unwrap();
         assert_eq!(d.matches('M').count(), 2, "{d}");
         assert!(svg.contains("100 %"));
+    }
+
+    #[test]
+    fn forecast_bars_draw_spend_and_a_labelled_band_only_where_known() {
+        let labels: Vec<String> = ["1", "2", "3", "4"].map(String::from).to_vec();
+        let svg = forecast_bars(
+            "spend",
+            &labels,
+            &[Some(10.0), Some(4.0), None, None],
+            &[None, Some((8.0, 10.0, 12.0)), Some((9.0, 10.0, 11.0)), None],
+            " $",
+        );
+        assert_eq!(svg.matches(r#"class="spent""#).count(), 2);
+        assert!(svg.contains("2: forecast 10 (8 to 12) $"), "{svg}");
+        assert!(svg.contains("forecast (dashed: expected; shaded: range)"));
+        let line = svg.split(r#"class="forecast-line" d=""#).nth(1).unwrap();
+        assert_eq!(line.split('"').next().unwrap().matches('L').count(), 1);
+        // No forecast at all: no band is drawn.
+        let none = forecast_bars("s", &labels, &[Some(1.0); 4], &[None; 4], " $");
+        assert!(!none.contains("forecast-band"));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod charts;
 mod findings;
+mod forecast;
 mod gpu;
 mod inventory;
 mod overview;

@@ -44,6 +44,7 @@ pub struct Overview {
     pub unknown_w: String,
     pub bucket: &'static str,
     pub trend_svg: String,
+    pub forecast: super::forecast::ForecastView,
     pub by_team: Table,
     pub by_env: Table,
     pub top_waste: Table,
@@ -63,10 +64,11 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (windows, gpus, series) = tokio::try_join!(
+    let (windows, gpus, series, (_, forecast)) = tokio::try_join!(
         store.gpu_windows(window, &p.filters, now),
         store.list_gpus(&p.filters, false, now),
         store.series(window, &p.filters, daily, now),
+        store.forecast(&p.filters, GroupBy::Team, now),
     )?;
     // One read of the per-GPU counts serves both groupings and the waste findings.
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
@@ -184,6 +186,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
         unknown_w: width(t.unknown_hours),
         bucket: if daily { "day" } else { "hour" },
         trend_svg,
+        forecast: super::forecast::view(&forecast),
         by_team: spend_table("spend-by-team", &f, "Team", &team_groups, team_link),
         by_env: spend_table("spend-by-env", &f, "Environment", &env_groups, env_link),
         top_waste,

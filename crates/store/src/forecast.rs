@@ -1,0 +1,80 @@
+//! The inputs of the spend and capacity forecasts (`ledger::forecast`): cost and GPU-hours per
+//! UTC day and (team, env, cloud, model), summed from the rows behind the summary and the daily
+//! trend ([`crate::query::window_rows`]), so the forecast's month so far is the summary's cost of
+//! the same days.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use gpuledger_ledger::forecast::{forecasts, inputs_from, DayRow, Forecast};
+use gpuledger_ledger::GroupBy;
+use sqlx::Row;
+
+use crate::query::{Window, SPLIT_DAYS};
+use crate::{Filters, Result, Store};
+
+impl Store {
+    /// Per UTC day of the window and (owner team and env at the hour, cloud, model): present
+    /// GPU-hours, their cost over GPUs with a rate, and the hours of GPUs without one. Team
+    /// and environment filters select the owner at the hour, as in the summary.
+    pub async fn forecast_days(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DayRow>> {
+        let (binds_at, union) = crate::query::window_rows(window, now);
+        let (clause, binds) = filters.clause_with(8, "o");
+        let sql = format!(
+            "WITH {SPLIT_DAYS} \
+             SELECT u.t AS t, o.team AS team, o.env AS env, g.cloud AS cloud, g.model AS model, \
+             CAST(SUM(u.present) AS BIGINT) AS present, \
+             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN 0 \
+               ELSE u.present * g.usd_per_hour END) AS DOUBLE PRECISION) AS cost, \
+             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN u.present ELSE 0 END) AS BIGINT) \
+               AS unpriced \
+             FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+             JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
+             WHERE g.mig_parent_uuid IS NULL{clause} \
+             GROUP BY u.t, o.team, o.env, g.cloud, g.model ORDER BY u.t"
+        );
+        self.fetch_window_rows(&sql, binds_at, binds)
+            .await?
+            .iter()
+            .map(|r| {
+                let t: i64 = r.try_get("t")?;
+                Ok(DayRow {
+                    day: DateTime::from_timestamp(t, 0)
+                        .map(|d| d.date_naive())
+                        .unwrap_or(NaiveDate::MIN),
+                    team: r.try_get("team")?,
+                    env: r.try_get("env")?,
+                    cloud: r.try_get("cloud")?,
+                    model: r.try_get("model")?,
+                    gpu_hours: r.try_get("present")?,
+                    cost_usd: r.try_get("cost")?,
+                    unpriced_gpu_hours: r.try_get("unpriced")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The forecasts as of `now` per group of `by` and of the total (`ledger::forecast`), over
+    /// the days they read ([`inputs_from`] to `now`).
+    pub async fn forecast(
+        &self,
+        filters: &Filters,
+        by: GroupBy,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<Forecast>, Forecast)> {
+        let from = inputs_from(now)
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight")
+            .and_utc()
+            .timestamp();
+        let window = Window {
+            from,
+            to: now.timestamp(),
+        };
+        let rows = self.forecast_days(window, filters, now).await?;
+        Ok(forecasts(&rows, by, now))
+    }
+}
