@@ -7,7 +7,8 @@
 # Chromium with its WebDriver for the browser end-to-end test, and Prometheus for the dcgm
 # collector's test (which starts its own Prometheus on 127.0.0.1); from PyPI, moto (an AWS API
 # emulator) into target/moto-venv for the aws collector's test, which starts its own moto
-# server on 127.0.0.1; Slurm (slurm-wlm, slurmdbd, munge, slurmrestd) as a one-node cluster with
+# server on 127.0.0.1, and aiosmtpd into target/smtp-venv for the notification test's SMTP
+# server; Slurm (slurm-wlm, slurmdbd, munge, slurmrestd) as a one-node cluster with
 # stand-in GPUs, its accounting in the local MariaDB, for the slurm collector's test
 # (scripts/slurm-test-cluster.sh).
 # Starts when stopped: the local PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`),
@@ -83,6 +84,20 @@ ensure_moto() {
   export GPULEDGER_MOTO=$PWD/$venv/bin/moto_server GPULEDGER_REQUIRE_MOTO=1
 }
 
+# The notification test sends e-mail to a real SMTP server (aiosmtpd, in its own venv), which
+# it starts itself on 127.0.0.1 with STARTTLS and AUTH (scripts/smtp-test-server.py).
+AIOSMTPD_VERSION=1.4.6
+ensure_smtp() {
+  local venv=target/smtp-venv
+  if ! "$venv/bin/python" -c "import aiosmtpd, sys; sys.exit(aiosmtpd.__version__ != '$AIOSMTPD_VERSION')" 2>/dev/null; then
+    log "installing aiosmtpd $AIOSMTPD_VERSION into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet "aiosmtpd==$AIOSMTPD_VERSION"
+  fi
+  export GPULEDGER_SMTP_PYTHON=$PWD/$venv/bin/python GPULEDGER_REQUIRE_SMTP=1
+}
+
 export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 [ -d "$GPULEDGER_CORPUS" ] || {
   echo "no corpus at $GPULEDGER_CORPUS: set GPULEDGER_CORPUS to shared/fixtures" >&2
@@ -91,6 +106,7 @@ export GPULEDGER_CORPUS=${GPULEDGER_CORPUS:-$(cd .. && pwd)/shared/fixtures}
 ensure_postgres
 ensure_packages
 ensure_moto
+ensure_smtp
 # Nothing the tests need may be skipped: without these switches a test whose browser,
 # Prometheus, corpus or PostgreSQL is missing prints "skipped" and passes; with them it fails.
 export GPULEDGER_REQUIRE_BROWSER=1 GPULEDGER_REQUIRE_PROMETHEUS=1

@@ -35,6 +35,10 @@ use std::fmt;
 use std::ops::Range;
 
 use gpuledger_ledger::Settings;
+use gpuledger_web::notify::{
+    DigestConfig, NotifyConfig, Rule, RuleKind, SmtpConfig, SmtpSecurity, TeamContact,
+    WebhookConfig, WebhookStyle,
+};
 use gpuledger_web::WebConfig;
 use toml_edit::{ImDocument, Item, Table, Value};
 
@@ -51,6 +55,8 @@ pub struct Config {
     pub collector_hosts: gpuledger_collect::HostAllowList,
     /// `[ownership] assignments`: a CSV file, relative to the config file.
     pub assignments_file: Option<std::path::PathBuf>,
+    /// `[notifications]`, with the team registry's contacts; `None`: no notifications.
+    pub notifications: Option<NotifyConfig>,
 }
 
 /// One problem in a config file.
@@ -557,6 +563,392 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
+/// A list of strings, or one string as a list of one.
+fn strings(c: &mut Checker, t: &Table, prefix: &str, key: &str) -> Vec<String> {
+    let Some(item) = t.get(key) else {
+        return Vec::new();
+    };
+    if let Some(s) = item.as_str() {
+        return vec![s.to_string()];
+    }
+    match item.as_array().and_then(|a| {
+        a.iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+    }) {
+        Some(v) if v.iter().all(|s| !s.trim().is_empty()) => v,
+        _ => {
+            c.problem(
+                item.span(),
+                &join(prefix, key),
+                "must be a string or a list of strings",
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// A webhook's style, `slack` when not given.
+fn webhook_style(c: &mut Checker, t: &Table, prefix: &str, key: &str) -> WebhookStyle {
+    let Some(s) = c.string(t, prefix, key) else {
+        return WebhookStyle::Slack;
+    };
+    WebhookStyle::parse(&s).unwrap_or_else(|| {
+        c.problem(
+            t.get(key).and_then(|i| i.span()),
+            &join(prefix, key),
+            format!("must be slack, teams or generic, got `{s}`"),
+        );
+        WebhookStyle::Slack
+    })
+}
+
+/// A webhook URL: `https://`, or `http://` to a loopback address only.
+fn webhook_url(c: &mut Checker, t: &Table, prefix: &str, key: &str) -> Option<String> {
+    let url = c.string(t, prefix, key)?;
+    let ok = match url::Url::parse(&url) {
+        Ok(u) if u.scheme() == "https" => true,
+        Ok(u) if u.scheme() == "http" => {
+            matches!(
+                u.host(),
+                Some(url::Host::Ipv4(a)) if a.is_loopback()
+            ) || u.host_str() == Some("localhost")
+                || matches!(u.host(), Some(url::Host::Ipv6(a)) if a.is_loopback())
+        }
+        _ => false,
+    };
+    if !ok {
+        c.problem(
+            t.get(key).and_then(|i| i.span()),
+            &join(prefix, key),
+            "must be an https:// URL (http:// only to this machine)",
+        );
+        return None;
+    }
+    Some(url)
+}
+
+/// `[teams.<name>]`'s `email`, `webhook` and `webhook_style`.
+fn team_contact(c: &mut Checker, t: &Table, path: &str) -> TeamContact {
+    let email = strings(c, t, path, "email");
+    for e in &email {
+        if !e.contains('@') {
+            c.problem(
+                t.get("email").and_then(|i| i.span()),
+                &join(path, "email"),
+                format!("`{e}` is not an e-mail address"),
+            );
+        }
+    }
+    let webhook = webhook_url(c, t, path, "webhook").map(|url| WebhookConfig {
+        url,
+        style: webhook_style(c, t, path, "webhook_style"),
+    });
+    TeamContact { email, webhook }
+}
+
+/// An audience: `owner`, `central`, `email:<address>` or `webhook:<name>` of `webhooks`.
+fn audience(
+    c: &mut Checker,
+    t: &Table,
+    prefix: &str,
+    key: &str,
+    webhooks: &std::collections::BTreeMap<String, WebhookConfig>,
+) -> Vec<String> {
+    let to = strings(c, t, prefix, key);
+    for a in &to {
+        let ok = a == "owner"
+            || a == "central"
+            || a.strip_prefix("email:").is_some_and(|e| e.contains('@'))
+            || a.strip_prefix("webhook:")
+                .is_some_and(|w| webhooks.contains_key(w));
+        if !ok {
+            c.problem(
+                t.get(key).and_then(|i| i.span()),
+                &join(prefix, key),
+                format!(
+                    "`{a}`: must be owner, central, email:<address> or webhook:<name of a \
+                     [notifications.webhooks.<name>]>"
+                ),
+            );
+        }
+    }
+    to
+}
+
+/// `[notifications]`.
+fn notifications(c: &mut Checker, t: &Table) -> NotifyConfig {
+    let p = "notifications";
+    c.unknown_keys(
+        t,
+        p,
+        &[
+            "dashboard_url",
+            "every_secs",
+            "rate_per_hour",
+            "attempts",
+            "retry_secs",
+            "central",
+            "smtp",
+            "webhooks",
+            "rules",
+            "digest",
+        ],
+    );
+    let mut n = NotifyConfig::default();
+    match c.string(t, p, "dashboard_url") {
+        Some(u) => match url::Url::parse(&u) {
+            Ok(x) if x.scheme() == "http" || x.scheme() == "https" => n.dashboard_url = u,
+            _ => c.problem(
+                t.get("dashboard_url").and_then(|i| i.span()),
+                "notifications.dashboard_url",
+                "must be the dashboard's http(s):// address, like https://gpuledger.example.com",
+            ),
+        },
+        None => c.problem(
+            t.span(),
+            "notifications.dashboard_url",
+            "missing: the dashboard's address as people reach it (every message links to it)",
+        ),
+    }
+    if let Some(v) = c.integer(t, p, "every_secs", 10, 86_400) {
+        n.every_secs = v as u64;
+    }
+    if let Some(v) = c.integer(t, p, "rate_per_hour", 1, 10_000) {
+        n.rate_per_hour = v;
+    }
+    if let Some(v) = c.integer(t, p, "attempts", 1, 10) {
+        n.attempts = v as u32;
+    }
+    if let Some(v) = c.number(t, p, "retry_secs", 0.0, 600.0) {
+        n.retry_base = std::time::Duration::from_secs_f64(v);
+    }
+    if let Some(w) = c.table(t, "webhooks") {
+        for (name, item) in w.iter() {
+            let path = format!("notifications.webhooks.{name}");
+            let Some(hook) = item.as_table() else {
+                c.problem(
+                    item.span(),
+                    &path,
+                    format!("must be a table, like [{path}]"),
+                );
+                continue;
+            };
+            c.unknown_keys(hook, &path, &["url", "style"]);
+            match webhook_url(c, hook, &path, "url") {
+                Some(url) => {
+                    let style = webhook_style(c, hook, &path, "style");
+                    n.webhooks
+                        .insert(name.to_string(), WebhookConfig { url, style });
+                }
+                None if hook.get("url").is_none() => {
+                    c.problem(hook.span(), &join(&path, "url"), "missing")
+                }
+                None => {}
+            }
+        }
+    }
+    let webhooks = n.webhooks.clone();
+    n.central = audience(c, t, p, "central", &webhooks);
+    if n.central.iter().any(|a| a == "owner" || a == "central") {
+        c.problem(
+            t.get("central").and_then(|i| i.span()),
+            "notifications.central",
+            "must name addresses or webhooks (email:…, webhook:…), not owner or central",
+        );
+        n.central.retain(|a| a != "owner" && a != "central");
+    }
+    if let Some(s) = c.table(t, "smtp") {
+        let sp = "notifications.smtp";
+        c.unknown_keys(
+            s,
+            sp,
+            &[
+                "host",
+                "port",
+                "security",
+                "username",
+                "password_file",
+                "from",
+                "ca_file",
+            ],
+        );
+        let security = match c.string(s, sp, "security").as_deref() {
+            None | Some("starttls") => Some(SmtpSecurity::StartTls),
+            Some("tls") => Some(SmtpSecurity::Tls),
+            Some("none") => Some(SmtpSecurity::None),
+            Some(other) => {
+                c.problem(
+                    s.get("security").and_then(|i| i.span()),
+                    "notifications.smtp.security",
+                    format!("must be starttls, tls or none, got `{other}`"),
+                );
+                None
+            }
+        };
+        let host = c.string(s, sp, "host");
+        let from = c.string(s, sp, "from");
+        if host.is_none() {
+            c.problem(s.span(), "notifications.smtp.host", "missing");
+        }
+        if from.is_none() {
+            c.problem(
+                s.span(),
+                "notifications.smtp.from",
+                "missing: the sender's address",
+            );
+        }
+        let username = c.string(s, sp, "username");
+        let password_file = c.string(s, sp, "password_file").map(Into::into);
+        if username.is_some() != password_file.is_some() {
+            c.problem(
+                s.span(),
+                "notifications.smtp.username",
+                "username and password_file go together",
+            );
+        }
+        let port = c.integer(s, sp, "port", 1, 65_535).map(|v| v as u16);
+        if let (Some(host), Some(from), Some(security)) = (host, from, security) {
+            n.smtp = Some(SmtpConfig {
+                host,
+                port: port.unwrap_or(match security {
+                    SmtpSecurity::Tls => 465,
+                    _ => 587,
+                }),
+                security,
+                username,
+                password_file,
+                from,
+                ca_file: c.string(s, sp, "ca_file").map(Into::into),
+            });
+        }
+    }
+    match t.get("rules") {
+        Some(Item::ArrayOfTables(list)) => {
+            for (i, r) in list.iter().enumerate() {
+                let path = format!("notifications.rules[{i}]");
+                c.unknown_keys(
+                    r,
+                    &path,
+                    &[
+                        "name",
+                        "kind",
+                        "to",
+                        "days",
+                        "min_usd_per_month",
+                        "usd_per_week",
+                    ],
+                );
+                let kind = c.string(r, &path, "kind");
+                let min = c
+                    .number(r, &path, "min_usd_per_month", 0.0, 1e9)
+                    .unwrap_or(0.0);
+                let kind = match kind.as_deref() {
+                    Some("idle_gpu") => Some(RuleKind::IdleGpu {
+                        days: c.integer(r, &path, "days", 1, 365).unwrap_or(7),
+                        min_usd_per_month: min,
+                    }),
+                    Some("allocated_idle") => Some(RuleKind::AllocatedIdle {
+                        min_usd_per_month: min,
+                    }),
+                    Some("team_idle_cost") => match c.number(r, &path, "usd_per_week", 0.0, 1e9) {
+                        Some(v) => Some(RuleKind::TeamIdleCost { usd_per_week: v }),
+                        None => {
+                            c.problem(r.span(), &join(&path, "usd_per_week"), "missing");
+                            None
+                        }
+                    },
+                    Some("stale_source") => Some(RuleKind::StaleSource),
+                    Some("unowned_gpus") => Some(RuleKind::UnownedGpus),
+                    Some("billed_unseen") => Some(RuleKind::BilledUnseen {
+                        min_usd_per_month: min,
+                    }),
+                    Some(other) => {
+                        c.problem(
+                            r.get("kind").and_then(|i| i.span()),
+                            &join(&path, "kind"),
+                            format!(
+                                "`{other}`: must be idle_gpu, allocated_idle, team_idle_cost, \
+                                 stale_source, unowned_gpus or billed_unseen"
+                            ),
+                        );
+                        None
+                    }
+                    None => {
+                        c.problem(r.span(), &join(&path, "kind"), "missing");
+                        None
+                    }
+                };
+                let to = audience(c, r, &path, "to", &webhooks);
+                if to.is_empty() {
+                    c.problem(
+                        r.span(),
+                        &join(&path, "to"),
+                        "missing: whom to tell (owner, central, email:…, webhook:…)",
+                    );
+                }
+                if let Some(kind) = kind {
+                    n.rules.push(Rule {
+                        name: c
+                            .string(r, &path, "name")
+                            .unwrap_or_else(|| kind.as_str().to_string()),
+                        kind,
+                        to,
+                    });
+                }
+            }
+        }
+        Some(other) => c.problem(
+            other.span(),
+            "notifications.rules",
+            "must be [[notifications.rules]] tables",
+        ),
+        None => {}
+    }
+    if let Some(d) = c.table(t, "digest") {
+        let dp = "notifications.digest";
+        c.unknown_keys(d, dp, &["weekday", "hour", "to"]);
+        let day = c
+            .string(d, dp, "weekday")
+            .unwrap_or_else(|| "monday".into());
+        let days = [
+            "monday",
+            "tuesday",
+            "wednesday",
+            "thursday",
+            "friday",
+            "saturday",
+            "sunday",
+        ];
+        let weekday = days.iter().position(|x| *x == day.to_ascii_lowercase());
+        if weekday.is_none() {
+            c.problem(
+                d.get("weekday").and_then(|i| i.span()),
+                "notifications.digest.weekday",
+                format!("must be a day of the week (monday … sunday), got `{day}`"),
+            );
+        }
+        let hour = c.integer(d, dp, "hour", 0, 23).unwrap_or(8) as u32;
+        let mut to = audience(c, d, dp, "to", &webhooks);
+        if to.is_empty() {
+            to = vec!["owner".into()];
+        }
+        n.digest = weekday.map(|w| DigestConfig {
+            weekday: w as u32,
+            hour,
+            to,
+        });
+    }
+    if n.rules.is_empty() && n.digest.is_none() {
+        c.problem(
+            t.span(),
+            "notifications",
+            "has neither [[notifications.rules]] nor [notifications.digest]: nothing to send",
+        );
+    }
+    n
+}
+
 /// Parse a config file's text. Returns every problem found, not only the first.
 pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
     let mut c = Checker {
@@ -593,6 +985,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             "collectors",
             "collector_hosts",
             "database",
+            "notifications",
         ],
     );
     if let Some(item) = root.get("collector_hosts") {
@@ -866,6 +1259,7 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
             ownership_rules(&mut c, item, &mut s.ownership);
         }
     }
+    let mut contacts = std::collections::BTreeMap::new();
     if let Some(t) = c.table(root, "teams") {
         for (name, item) in t.iter() {
             let path = format!("teams.{name}");
@@ -877,14 +1271,34 @@ pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
                 );
                 continue;
             };
-            c.unknown_keys(team, &path, &["display_name", "manager", "cost_center"]);
+            c.unknown_keys(
+                team,
+                &path,
+                &[
+                    "display_name",
+                    "manager",
+                    "cost_center",
+                    "email",
+                    "webhook",
+                    "webhook_style",
+                ],
+            );
             let info = gpuledger_model::TeamInfo {
                 display_name: c.string(team, &path, "display_name"),
                 manager: c.string(team, &path, "manager"),
                 cost_center: c.string(team, &path, "cost_center"),
             };
+            let contact = team_contact(&mut c, team, &path);
+            if contact != TeamContact::default() {
+                contacts.insert(name.to_ascii_lowercase(), contact);
+            }
             cfg.web.teams.insert(name.to_ascii_lowercase(), info);
         }
+    }
+    if let Some(t) = c.table(root, "notifications") {
+        let mut n = notifications(&mut c, t);
+        n.teams = contacts;
+        cfg.notifications = Some(n);
     }
     if let Some(item) = root.get("collectors") {
         match item {
@@ -1256,6 +1670,98 @@ max_connections = 2000
                 .any(|t| t.contains("rates.onprem[0].colour: unknown key")),
             "{text:#?}"
         );
+    }
+
+    #[test]
+    fn notifications_rules_channels_and_team_contacts() {
+        let text = r#"
+[teams.nlp]
+manager = "Ana Ruiz"
+email = ["ana@example.com", "nlp-leads@example.com"]
+webhook = "https://hooks.slack.com/services/T0/B0/x"
+
+[teams.vision]
+webhook = "https://example.webhook.office.com/webhookb2/x"
+webhook_style = "teams"
+
+[notifications]
+dashboard_url = "https://gpuledger.example.com"
+central = ["email:gpu-platform@example.com", "webhook:platform"]
+rate_per_hour = 5
+
+[notifications.smtp]
+host = "smtp.example.com"
+username = "gpuledger"
+password_file = "/etc/gpuledger/smtp-password"
+from = "gpuledger <gpuledger@example.com>"
+
+[notifications.webhooks.platform]
+url = "https://hooks.slack.com/services/T0/B1/y"
+
+[[notifications.rules]]
+kind = "idle_gpu"
+days = 3
+min_usd_per_month = 500
+to = "owner"
+
+[[notifications.rules]]
+name = "stale sources"
+kind = "stale_source"
+to = ["central"]
+
+[notifications.digest]
+weekday = "monday"
+hour = 8
+"#;
+        let cfg = parse(text).unwrap();
+        let n = cfg.notifications.unwrap();
+        assert_eq!(n.rate_per_hour, 5);
+        let smtp = n.smtp.unwrap();
+        assert_eq!((smtp.port, smtp.security), (587, SmtpSecurity::StartTls));
+        assert_eq!(n.rules.len(), 2);
+        assert_eq!(
+            n.rules[0].kind,
+            RuleKind::IdleGpu {
+                days: 3,
+                min_usd_per_month: 500.0
+            }
+        );
+        assert_eq!(n.rules[0].to, ["owner"]);
+        assert_eq!(n.rules[1].name, "stale sources");
+        assert_eq!(n.teams["nlp"].email.len(), 2);
+        assert_eq!(
+            n.teams["vision"].webhook.as_ref().map(|w| w.style),
+            Some(WebhookStyle::Teams)
+        );
+        assert_eq!(
+            n.digest,
+            Some(DigestConfig {
+                weekday: 0,
+                hour: 8,
+                to: vec!["owner".into()]
+            })
+        );
+        let bad = parse(
+            "[teams.x]\nwebhook = \"http://hooks.example.com/x\"\nemail = \"nobody\"\n\
+             [notifications]\ncentral = [\"owner\"]\n[notifications.smtp]\nhost = \"h\"\n\
+             username = \"u\"\n[[notifications.rules]]\nkind = \"idle\"\nto = \"webhook:nope\"\n\
+             [[notifications.rules]]\nkind = \"team_idle_cost\"\nto = \"central\"\n",
+        )
+        .unwrap_err();
+        let text: Vec<String> = bad.iter().map(|p| p.to_string()).collect();
+        for want in [
+            "teams.x.webhook: must be an https:// URL",
+            "teams.x.email: `nobody` is not an e-mail address",
+            "notifications.dashboard_url: missing",
+            "notifications.central: must name addresses or webhooks",
+            "notifications.smtp.from: missing",
+            "notifications.smtp.username: username and password_file go together",
+            "notifications.rules[0].kind: `idle`: must be idle_gpu",
+            "notifications.rules[0].to: `webhook:nope`",
+            "notifications.rules[1].usd_per_week: missing",
+        ] {
+            assert!(text.iter().any(|t| t.contains(want)), "{want}: {text:#?}");
+        }
     }
 
     #[test]

@@ -72,6 +72,16 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Run one round of notifications now (`[notifications]` in the config): send what is new,
+    /// changed or resolved, and the weekly digests when due. `--dry-run` prints what would be
+    /// sent and sends and records nothing. `serve` runs rounds by itself.
+    Notify {
+        /// Print the messages of this round instead of sending them.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// Spend forecasts: `forecast backtest --db URL` tests the month-end forecast made on day 15
     /// of a past month against what the month cost, per team.
     Forecast {
@@ -307,6 +317,56 @@ fn spawn_maintenance(store: Store) {
     });
 }
 
+/// Notification rounds every `every_secs`, in the one replica that holds the lease (so a
+/// message goes out once, whatever the number of replicas).
+fn spawn_notifier(n: gpuledger_web::notify::Notifier) {
+    tokio::spawn(async move {
+        let lease = pull::lease(&n.state.store);
+        let mut tick =
+            tokio::time::interval(std::time::Duration::from_secs(n.config.every_secs.max(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !lease.is_held() {
+                continue;
+            }
+            match n.round(n.state.now(), false).await {
+                Ok(r) => {
+                    for (event, to, subject, _, outcome) in &r.messages {
+                        tracing::info!(%event, %to, %subject, %outcome, "notification");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "notification round failed; will retry"),
+            }
+        }
+    });
+}
+
+/// `gpuledger notify [--dry-run]`.
+async fn notify(dry_run: bool, db: DbArgs) -> anyhow::Result<()> {
+    let cfg = load_config(db.config.as_ref())?;
+    let Some(n) = cfg.notifications.clone() else {
+        anyhow::bail!(
+            "the config has no [notifications] section (see docs/notifications.md); pass it with \
+             --config"
+        );
+    };
+    let url = database_url(db.database_url, &cfg);
+    let store = Store::open_for_tool(&url, cfg.settings.clone())
+        .await
+        .with_context(|| format!("opening database {}", redacted(&url)))?;
+    let state = AppState::new(store, cfg.web);
+    let notifier = gpuledger_web::notify::Notifier::new(state.clone(), n);
+    let report = notifier.round(state.now(), dry_run).await?;
+    if report.messages.is_empty() {
+        println!("nothing to send: every finding was already told, and no digest is due");
+    }
+    for (event, to, subject, link, outcome) in &report.messages {
+        println!("{outcome:<12} {event:<8} {to}: {subject}\n             {link}");
+    }
+    Ok(())
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (cfg, text) = match &args.db.config {
         Some(path) => config::load_text(path)?,
@@ -324,6 +384,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     spawn_maintenance(store.clone());
     log_skipped(&plan.skipped);
     let state = AppState::new(store.clone(), cfg.web);
+    if let Some(n) = cfg.notifications {
+        spawn_notifier(gpuledger_web::notify::Notifier::new(state.clone(), n));
+    }
     pull::count_runs_on(state.metrics.clone());
     let mut pulls = pull::Pulls::new(store.clone());
     pulls.apply(plan).await;
@@ -610,6 +673,22 @@ fn check_config(file: PathBuf) -> anyhow::Result<()> {
     for c in &collectors {
         println!("  collector {c}");
     }
+    if let Some(n) = &cfg.notifications {
+        println!(
+            "  notifications: {} rule(s), {}, {} team(s) with contacts, e-mail {}",
+            n.rules.len(),
+            if n.digest.is_some() {
+                "weekly digest"
+            } else {
+                "no digest"
+            },
+            n.teams.len(),
+            n.smtp
+                .as_ref()
+                .map(|s| format!("via {}:{}", s.host, s.port))
+                .unwrap_or_else(|| "not configured".into())
+        );
+    }
     Ok(())
 }
 
@@ -649,6 +728,7 @@ fn main() -> std::process::ExitCode {
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
             Command::Forecast { command } => forecast::run(command).await,
+            Command::Notify { dry_run, db } => notify(dry_run, db).await,
             Command::Backup { file, db } => backup(file, db).await,
             Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {

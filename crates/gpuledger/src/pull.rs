@@ -408,7 +408,7 @@ fn lease_retry() -> Duration {
 }
 
 /// The process's lease, started (with a task that logs its changes) on the first call.
-fn lease(store: &Store) -> Lease {
+pub(crate) fn lease(store: &Store) -> Lease {
     LEASE
         .get_or_init(|| {
             let retry = lease_retry();

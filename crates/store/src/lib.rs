@@ -15,6 +15,7 @@ mod forecast;
 mod identity;
 mod ingest;
 mod lease;
+mod notify;
 mod owners;
 mod partitions;
 mod query;
@@ -35,6 +36,7 @@ pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
 pub use lease::Lease;
+pub use notify::{Delivery, NotifyState};
 pub use query::{CloudAccount, Filters, Window};
 pub use tokens::{Role, TokenInfo, TokenRow};
 
@@ -155,6 +157,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "allocation_average",
         include_str!("../migrations/sqlite/0013_allocation_average.sql"),
     ),
+    (
+        14,
+        "notifications",
+        include_str!("../migrations/sqlite/0014_notifications.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -221,6 +228,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         13,
         "allocation_average",
         include_str!("../migrations/postgres/0013_allocation_average.sql"),
+    ),
+    (
+        14,
+        "notifications",
+        include_str!("../migrations/postgres/0014_notifications.sql"),
     ),
 ];
 

@@ -11,6 +11,7 @@ mod forecast;
 mod ingest;
 mod limits;
 mod metrics;
+pub mod notify;
 mod openapi;
 mod params;
 mod server;

@@ -8,7 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod charts;
-mod findings;
+pub(crate) mod findings;
 mod forecast;
 mod gpu;
 mod inventory;
@@ -293,7 +293,7 @@ const PAGES: [(&str, &str); 7] = [
 #[derive(Debug)]
 pub struct PageError {
     status: StatusCode,
-    message: String,
+    pub(crate) message: String,
 }
 
 #[derive(Template)]

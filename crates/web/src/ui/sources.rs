@@ -1,7 +1,7 @@
 //! The Sources page: each source's kind, last success, lag against the 1-hour objective, last
 //! error, and how many GPUs it reports; what each cloud collector found per account; then
 //! every token with its source, state and last use
-//! (one that never pushed shows "never").
+//! (one that never pushed shows "never"); and the notifications sent, with their outcome.
 
 use askama::Template;
 use axum::extract::State;
@@ -17,6 +17,7 @@ pub struct SourcesPage {
     pub table: Table,
     pub accounts: Table,
     pub tokens: Table,
+    pub deliveries: Table,
 }
 
 pub async fn sources_page(
@@ -150,12 +151,50 @@ pub async fn sources_page(
             Cell::text(when(t.last_used_at).unwrap_or_else(|| "never".into())),
         ]);
     }
+    let mut deliveries = Table::new(
+        "notifications",
+        &f,
+        vec![
+            col("When", "When it was sent or tried (UTC)."),
+            col(
+                "Event",
+                "new, changed, resolved (the finding cleared) or digest (the weekly summary).",
+            ),
+            col(
+                "To",
+                "The e-mail address or the webhook's name (never its URL).",
+            ),
+            col("Subject", "What the message said."),
+            col(
+                "Outcome",
+                "sent; failed (every attempt failed; tried again next round); rate_limited \
+                 (the target had its messages for the hour; sent in a later round).",
+            ),
+            ncol(
+                "Attempts",
+                "Tries in that round, with backoff between them.",
+            ),
+            col("Error", "The last attempt's error."),
+        ],
+    );
+    for d in state.store.deliveries(200).await? {
+        deliveries.push(vec![
+            Cell::text(d.at.format("%Y-%m-%d %H:%M").to_string()),
+            Cell::text(d.event),
+            Cell::text(d.recipient),
+            Cell::text(d.subject),
+            Cell::text(d.outcome),
+            Cell::num(d.attempts.to_string(), d.attempts as f64),
+            Cell::text(d.error.unwrap_or_default()),
+        ]);
+    }
     let page = SourcesPage {
         table,
         accounts,
         tokens,
+        deliveries,
         frame: f,
     };
-    let tables = [&page.table, &page.accounts, &page.tokens];
+    let tables = [&page.table, &page.accounts, &page.tokens, &page.deliveries];
     respond(&page, &tables, &p)
 }
