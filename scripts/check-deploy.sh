@@ -154,6 +154,13 @@ for v in $K8S_VERSIONS; do
     fail "a manifest does not validate against Kubernetes $v (above)"
 done
 
+log "promtool: the alerting rules in deploy/prometheus load and fire as their tests say"
+command -v promtool >/dev/null 2>&1 || fail "promtool (Debian package prometheus) is needed"
+promtool check rules deploy/prometheus/gpuledger-alerts.yaml >/dev/null ||
+  fail "deploy/prometheus/gpuledger-alerts.yaml does not load (above)"
+promtool test rules deploy/prometheus/gpuledger-alerts.test.yaml ||
+  fail "an alerting rule does not fire as deploy/prometheus/gpuledger-alerts.test.yaml says"
+
 log "checking names: renderers agree, flags and references resolve"
 "$BIN" serve --help >"$WORK/serve-help.txt"
 "$PY" - "$WORK" "${renderers[@]}" <<'PY' || fail "the manifests' names do not hold together (above)"

@@ -68,6 +68,14 @@ struct PoolLabels {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TeamLabels {
+    team: String,
+}
+
+/// A gauge of dollars.
+type Usd = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 type Latency = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -88,6 +96,9 @@ pub struct Metrics {
     source_ok: Family<SourceLabels, Gauge>,
     source_gpus: Family<SourceLabels, Gauge>,
     pool: Family<PoolLabels, Gauge>,
+    team_gpus: Family<TeamLabels, Gauge>,
+    team_idle_cost: Family<TeamLabels, Usd>,
+    team_alloc_idle_cost: Family<TeamLabels, Usd>,
     /// One scrape at a time sets the gauges and encodes.
     scrape: Mutex<()>,
 }
@@ -161,7 +172,30 @@ impl Default for Metrics {
             "Database connections by state (idle, busy)",
             pool.clone(),
         );
+        let team_gpus = Family::<TeamLabels, Gauge>::default();
+        registry.register(
+            "team_gpus",
+            "GPUs each owner team had over the last 7 days (the summary's figure; team \
+             \"unowned\": GPUs no rule, assignment or label places)",
+            team_gpus.clone(),
+        );
+        let team_idle_cost = Family::<TeamLabels, Usd>::default();
+        registry.register(
+            "team_idle_cost_usd",
+            "Each owner team's idle cost over the last 7 days (idle hours × rate, as the \
+             summary gives it; hours without a rate are not in it)",
+            team_idle_cost.clone(),
+        );
+        let team_alloc_idle_cost = Family::<TeamLabels, Usd>::default();
+        registry.register(
+            "team_allocated_idle_cost_usd",
+            "Each owner team's allocated-but-idle cost over the last 7 days",
+            team_alloc_idle_cost.clone(),
+        );
         Metrics {
+            team_gpus,
+            team_idle_cost,
+            team_alloc_idle_cost,
             registry,
             requests,
             latency,
@@ -290,6 +324,24 @@ pub async fn serve(State(state): State<AppState>) -> Response {
         Ok(s) => s,
         Err(e) => return crate::error(axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    // The teams' figures of the last 7 days, as the summary defines them.
+    let week = gpuledger_store::Window {
+        from: now.timestamp() - 7 * 86_400,
+        to: now.timestamp(),
+    };
+    let teams = match state
+        .store
+        .summary(
+            week,
+            &gpuledger_store::Filters::default(),
+            gpuledger_ledger::GroupBy::Team,
+            now,
+        )
+        .await
+    {
+        Ok(s) => s.groups,
+        Err(e) => return crate::error(axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
     let (size, idle) = state.store.pool_stats();
     let m = &state.metrics;
     let mut text = String::new();
@@ -306,6 +358,20 @@ pub async fn serve(State(state): State<AppState>) -> Response {
             let up = matches!(s.status, gpuledger_model::SourceStatus::Ok);
             m.source_ok.get_or_create(&labels).set(i64::from(up));
             m.source_gpus.get_or_create(&labels).set(s.gpus);
+        }
+        // Teams gone from the week's summary drop out, rather than keep their last value.
+        m.team_gpus.clear();
+        m.team_idle_cost.clear();
+        m.team_alloc_idle_cost.clear();
+        for g in &teams {
+            let labels = TeamLabels {
+                team: g.key.clone(),
+            };
+            m.team_gpus.get_or_create(&labels).set(g.gpus);
+            m.team_idle_cost.get_or_create(&labels).set(g.idle_cost_usd);
+            m.team_alloc_idle_cost
+                .get_or_create(&labels)
+                .set(g.allocated_idle_cost_usd);
         }
         let busy = i64::from(size).saturating_sub(idle as i64).max(0);
         m.pool

@@ -120,6 +120,9 @@ async fn metrics_count_pushes_records_requests_and_sources() {
     );
     assert!(v(r#"gpuledger_source_lag_seconds{source="cron",kind="push"}"#) < 60.0);
     assert!(v(r#"gpuledger_db_pool_connections{state="idle"}"#) >= 0.0);
+    // The teams' week, as the summary gives it: the pushed GPU has no owner.
+    assert_eq!(v(r#"gpuledger_team_gpus{team="unowned"}"#), 1.0);
+    assert!(text.contains("# TYPE gpuledger_team_idle_cost_usd gauge"));
     assert!(text.ends_with("# EOF\n"));
 
     // Every metric the dashboard draws is exposed.
@@ -145,6 +148,21 @@ async fn metrics_count_pushes_records_requests_and_sources() {
             }
         }
     }
+
+    // Every metric the shipped alerting rules read is exposed.
+    let rules = include_str!("../../../deploy/prometheus/gpuledger-alerts.yaml");
+    let mut read = 0;
+    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("gpuledger_") {
+            read += 1;
+            let family = word.trim_end_matches("_total");
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "an alerting rule reads `{word}`, which /metrics does not expose"
+            );
+        }
+    }
+    assert!(read >= 5, "the rules read gpuledger's metrics");
 
     // Prometheus's own checker reads it (OpenMetrics and the classic text format alike).
     match std::process::Command::new("promtool")
