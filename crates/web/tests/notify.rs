@@ -238,6 +238,10 @@ fn a_only(from: DateTime<Utc>, to: DateTime<Utc>, util: f64) -> serde_json::Valu
 }
 
 fn rows(r: &gpuledger_web::notify::RoundReport) -> Vec<(String, String, String)> {
+    // What each round sent, for `-- --nocapture`.
+    for (event, to, subject, link, outcome) in &r.messages {
+        eprintln!("  {outcome:<12} {event:<8} {to:<34} {subject}  <{link}>");
+    }
     let mut v: Vec<(String, String, String)> = r
         .messages
         .iter()
@@ -334,7 +338,10 @@ async fn a_week_of_notifications_by_mail_and_webhook() {
         ..NotifyConfig::default()
     };
     let n = Notifier::new(state.clone(), config);
-    let set = |at: DateTime<Utc>| clock.store(at.timestamp(), Ordering::SeqCst);
+    let set = |at: DateTime<Utc>| {
+        eprintln!("round at {}", at.format("%a %Y-%m-%d %H:%M UTC"));
+        clock.store(at.timestamp(), Ordering::SeqCst)
+    };
 
     // The fleet: A (nlp, H100) idle at 1 % for eight days and B with no owner, both from
     // agent-a; C (nlp) of source rack-7 and D (nlp) of source lab, which report once.
@@ -560,9 +567,27 @@ async fn a_week_of_notifications_by_mail_and_webhook() {
         ]
     );
     let log = store.deliveries(100).await.unwrap();
+    eprintln!("delivery log, newest first:");
+    for d in &log {
+        eprintln!(
+            "  {} {:<12} {:<8} {:<34} attempts {} {}",
+            d.at.format("%a %H:%M"),
+            d.outcome,
+            d.event,
+            d.recipient,
+            d.attempts,
+            d.subject
+        );
+    }
     let sent = log.iter().filter(|d| d.outcome == "sent").count();
     let limited = log.iter().filter(|d| d.outcome == "rate_limited").count();
     assert_eq!((sent, limited), (15, 1));
+    // A "resolved" links to the view its finding's messages linked to.
+    assert!(r
+        .messages
+        .iter()
+        .any(|m| m.4 == "sent"
+            && m.3 == "https://gpuledger.example.com/inventory?range=7d&team=unowned"));
     assert_eq!(mails(&smtp.dir).len(), 9);
     let _ = std::fs::remove_dir_all(&dir);
 }

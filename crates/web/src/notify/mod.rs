@@ -700,14 +700,15 @@ impl Notifier {
         })
     }
 
+    /// The link of a cleared finding: the view its messages linked to.
     fn link_for_state(&self, s: &NotifyState) -> String {
-        let path = match s.key.split_once(':') {
-            Some(("stale_source", _)) => "/sources".to_string(),
-            Some(("idle_gpu", evidence)) if evidence.starts_with('/') => evidence.to_string(),
-            Some(("unowned_gpus", _)) => "/inventory".to_string(),
-            _ => "/waste".to_string(),
-        };
-        self.link(&path, "")
+        match s.key.split_once(':') {
+            Some(("stale_source", _)) => self.link("/sources", ""),
+            Some(("idle_gpu", evidence)) if evidence.starts_with('/') => self.link(evidence, ""),
+            Some(("unowned_gpus", _)) => self.link("/inventory", &format!("team={UNOWNED}")),
+            Some(("team_idle_cost", team)) => self.link("/waste", &format!("team={}", enc(team))),
+            _ => self.link("/waste", ""),
+        }
     }
 
     /// Send `msg` to `t` (unless `dry`) with retries and the rate limit; log the outcome.
