@@ -377,7 +377,7 @@ async fn a_week_of_notifications_by_mail_and_webhook() {
     // team (e-mail and Teams, whose receiver fails twice first), and the team's weekly digest.
     set(t0);
     let r = n.round(t0, false).await.unwrap();
-    let idle = "Idle GPU: NVIDIA H100 80GB HBM3 on gpu-a".to_string();
+    let idle = "Idle GPU GPU-aaaaaaaa: NVIDIA H100 80GB HBM3 on gpu-a".to_string();
     assert_eq!(
         rows(&r),
         vec![

@@ -322,7 +322,12 @@ impl Notifier {
                         out.push(alert(
                             x.evidence.clone(),
                             owned(&x.team),
-                            format!("Idle GPU: {} ({}, ${usd:.0}/month)", x.what, x.team),
+                            format!(
+                                "Idle GPU {}: {} ({}, ${usd:.0}/month)",
+                                short_gpu(&x.evidence),
+                                x.what,
+                                x.team
+                            ),
                             vec![
                                 format!("{}: {}", x.kind.label(), x.detail),
                                 format!("Team: {}", x.team),
@@ -523,16 +528,24 @@ impl Notifier {
             .collect())
     }
 
-    /// The targets an audience list names for a finding of `team`.
-    pub fn targets(&self, to: &[String], team: Option<&str>) -> Vec<Target> {
+    /// The targets an audience list names for a finding of `team`: `owner` is the team's
+    /// contacts, else (with `fallback`) the central team.
+    pub fn targets(&self, to: &[String], team: Option<&str>, fallback: bool) -> Vec<Target> {
         let mut out = BTreeSet::new();
         for a in to {
-            self.resolve(a, team, &mut out, 0);
+            self.resolve(a, team, fallback, &mut out, 0);
         }
         out.into_iter().collect()
     }
 
-    fn resolve(&self, a: &str, team: Option<&str>, out: &mut BTreeSet<Target>, depth: u8) {
+    fn resolve(
+        &self,
+        a: &str,
+        team: Option<&str>,
+        fallback: bool,
+        out: &mut BTreeSet<Target>,
+        depth: u8,
+    ) {
         if depth > 2 {
             return;
         }
@@ -552,15 +565,16 @@ impl Notifier {
                     }
                 }
                 // A team without contacts (or no team): the central team hears of it.
-                _ => {
+                _ if fallback => {
                     for c in self.config.central.clone() {
-                        self.resolve(&c, None, out, depth + 1);
+                        self.resolve(&c, None, false, out, depth + 1);
                     }
                 }
+                _ => {}
             }
         } else if a == "central" {
             for c in self.config.central.clone() {
-                self.resolve(&c, None, out, depth + 1);
+                self.resolve(&c, None, false, out, depth + 1);
             }
         } else if let Some(addr) = a.strip_prefix("email:") {
             out.insert(Target::Email(addr.to_string()));
@@ -590,7 +604,7 @@ impl Notifier {
             .collect();
         let mut wanted = BTreeSet::new();
         for a in &alerts {
-            for t in self.targets(&a.to, a.team.as_deref()) {
+            for t in self.targets(&a.to, a.team.as_deref(), true) {
                 let id = t.id();
                 wanted.insert((a.key.clone(), id.clone()));
                 let old = states.get(&(a.key.clone(), id.clone()));
@@ -885,7 +899,9 @@ impl Notifier {
                 fingerprint: String::new(),
                 to: cfg.to.clone(),
             };
-            for t in self.targets(&alert.to, alert.team.as_deref()) {
+            // A team without contacts gets no digest: the central team did not ask for
+            // every team's week (name `central` in the digest's `to` for that).
+            for t in self.targets(&alert.to, alert.team.as_deref(), false) {
                 let id = t.id();
                 if states.contains_key(&(key.clone(), id.clone())) {
                     continue;
@@ -917,6 +933,15 @@ impl Notifier {
         }
         Ok(())
     }
+}
+
+/// A GPU's identity cut for a subject line (`GPU-5c1f4b2e`) from its evidence path.
+fn short_gpu(evidence: &str) -> String {
+    let uuid = evidence.rsplit('/').next().unwrap_or_default();
+    uuid.char_indices()
+        .nth(12)
+        .map_or(uuid, |(i, _)| &uuid[..i])
+        .to_string()
 }
 
 /// The team as an owner: `None` for unowned.
