@@ -877,15 +877,26 @@ pub fn history_body(h: &Host, from: i64, to: i64) -> PushBody {
     body
 }
 
+/// For a host installed during the history, how many days before its end it arrived: the
+/// MI300X capacity came 12 days ago, so the fleet's daily cost steps up mid-history (and a
+/// forecast made before then misses it, as a real one would). `None`: there all along.
+pub fn arrived_days_ago(h: &Host) -> Option<i64> {
+    h.model.contains("MI300X").then_some(12)
+}
+
 /// The history of several hosts split into one body per UTC day: inventory in the first,
-/// each sample in its day's body, each allocation in the body of the day it starts.
+/// each sample in its day's body, each allocation in the body of the day it starts. A host
+/// that arrived during `[from, to)` ([`arrived_days_ago`]) starts there.
 pub fn daily_bodies(hosts: &[&Host], from: i64, to: i64) -> Vec<PushBody> {
     let first_day = from.div_euclid(86_400);
     let days = (to.div_euclid(86_400) - first_day + 1).max(1) as usize;
     let mut out: Vec<PushBody> = vec![PushBody::default(); days];
     let day_of = |ts: i64| ((ts.div_euclid(86_400) - first_day).max(0) as usize).min(days - 1);
     for h in hosts {
-        let body = history_body(h, from, to);
+        let start = arrived_days_ago(h).map_or(from, |d| {
+            gpuledger_model::hour_floor(to - d * 86_400).max(from)
+        });
+        let body = history_body(h, start, to);
         out[0].gpus.extend(body.gpus);
         for s in body.samples {
             out[day_of(s.ts.timestamp())].samples.push(s);
@@ -1096,6 +1107,32 @@ mod tests {
         }
         assert!(a.iter().any(|h| h.mig_profile.is_some()));
         assert_ne!(fleet(7)[0].uuid(0), a[0].uuid(0));
+    }
+
+    #[test]
+    fn hosts_that_arrived_during_the_history_start_there() {
+        let hosts = fleet(42);
+        let mi300x: Vec<&Host> = hosts
+            .iter()
+            .filter(|h| h.model.contains("MI300X"))
+            .collect();
+        let other: Vec<&Host> = hosts
+            .iter()
+            .filter(|h| h.model.contains("H100"))
+            .take(1)
+            .collect();
+        assert!(!mi300x.is_empty());
+        let to = 1_764_633_600 + 30 * 86_400;
+        let from = to - 30 * 86_400;
+        let first = |hs: &[&Host]| {
+            daily_bodies(hs, from, to)
+                .iter()
+                .flat_map(|b| b.samples.iter().map(|s| s.ts.timestamp()))
+                .min()
+                .unwrap()
+        };
+        assert_eq!(first(&mi300x) / 3600 * 3600, to - 12 * 86_400);
+        assert_eq!(first(&other) / 3600 * 3600, from);
     }
 
     #[test]
