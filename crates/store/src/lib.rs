@@ -762,8 +762,15 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
+        let audit_cutoff =
+            now_secs - self.settings.audit_retention_days * gpuledger_model::DAY_SECS;
         sqlx::query(&self.sql("DELETE FROM audit_log WHERE minute < $1"))
-            .bind(now_secs - self.settings.audit_retention_days * gpuledger_model::DAY_SECS)
+            .bind(audit_cutoff)
+            .execute(&self.pool)
+            .await?;
+        // The delivery log is an audit record too: kept as long.
+        sqlx::query(&self.sql("DELETE FROM notify_log WHERE at < $1"))
+            .bind(audit_cutoff)
             .execute(&self.pool)
             .await?;
         for table in ["gpu_days", "gpu_day_use", "gpu_day_idle"] {

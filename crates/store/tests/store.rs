@@ -2314,6 +2314,42 @@ async fn maintenance_refreshes_planner_statistics(store: Store) {
 
 both!(maintenance_refreshes_planner_statistics);
 
+/// The notifier's delivery log is kept as long as the audit log, then pruned with it.
+async fn the_delivery_log_is_pruned_with_the_audit_log(store: Store) {
+    let at = |s: &str| gpuledger_store::Delivery {
+        at: t(s),
+        key: "stale_source:rack-7".into(),
+        event: "new".into(),
+        audience: "email:ops@example.com".into(),
+        channel: "smtp".into(),
+        recipient: "email:ops@example.com".into(),
+        subject: "Source rack-7 is stale".into(),
+        outcome: "sent".into(),
+        attempts: 1,
+        error: None,
+    };
+    let days = Settings::default().audit_retention_days;
+    let old = now() - Duration::days(days + 1);
+    store.log_delivery(&at(&old.to_rfc3339())).await.unwrap();
+    store
+        .log_delivery(&at("2026-12-02T11:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .sent_since("email:ops@example.com", now().timestamp() - 3600)
+            .await
+            .unwrap(),
+        1
+    );
+    store.prune(now().timestamp()).await.unwrap();
+    let left = store.deliveries(10).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].at, t("2026-12-02T11:00:00Z"));
+}
+
+both!(the_delivery_log_is_pruned_with_the_audit_log);
+
 /// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
 /// samples land in theirs (not the default), retention drops a partition whole, and a row
 /// that arrived before its partition existed moves into it when it is made.
