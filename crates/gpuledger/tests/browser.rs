@@ -282,7 +282,8 @@ async fn browser_filters_and_drill_down_match_the_api() {
     first.click().await.unwrap();
     let shown = text(&c, "#gpu-uuid").await;
     assert_eq!(shown, uuid);
-    let detail = api(&base, &format!("/api/v1/gpus/{uuid}?range=7d")).await;
+    // The page's range (the default, 30 days, carried by every link) is the API's default.
+    let detail = api(&base, &format!("/api/v1/gpus/{uuid}")).await;
     assert_eq!(detail["team"], "nlp");
     let hours = detail["hours"].as_array().unwrap().len() as i64;
     assert_eq!(text(&c, "#gpu-hours").await, count(hours));

@@ -287,13 +287,22 @@ pub fn forecast(key: &str, days: &[Day], now: DateTime<Utc>) -> Forecast {
         mtd += d.cost_usd;
         unpriced += d.unpriced_gpu_hours;
     }
-    // The basis: complete days before today, from the group's first day with a GPU-hour.
+    // The basis: complete days before today, from the group's first day with a GPU-hour. A
+    // group whose history starts inside the lookback started that day part-way (the hour its
+    // first source reported), so its basis starts the day after: a partial day read as a
+    // whole one would pull the mean of its kind of day down.
     let lookback = today - Duration::days(BASIS_DAYS);
     let first = by_day
         .range(lookback..today)
         .find(|(_, d)| d.gpu_hours > 0)
         .map(|(day, _)| *day);
-    let basis_from = first.unwrap_or(today);
+    let started_inside =
+        first.is_some_and(|f| f > lookback && !by_day.range(..f).any(|(_, d)| d.gpu_hours > 0));
+    let basis_from = match first {
+        Some(f) if started_inside => f + Duration::days(1),
+        Some(f) => f,
+        None => today,
+    };
     let basis: Vec<Day> = basis_from
         .iter_days()
         .take_while(|d| *d < today)
@@ -543,7 +552,8 @@ mod tests {
         assert_eq!(f.next_month_usd, None);
         assert_eq!(f.next_quarter_usd, None);
         assert_eq!(f.demand, None);
-        assert_eq!(f.basis.days, 3);
+        // Its first day was partial (it started that day): the basis reads the two after it.
+        assert_eq!(f.basis.days, 2);
         assert!(f.note.unwrap().contains("not enough history"));
         assert!(f.month_days.iter().all(|m| m.forecast_usd.is_none()));
     }
@@ -584,9 +594,11 @@ mod tests {
             .collect();
         let f = forecast("grow", &days, at("2026-12-11T00:00:00Z"));
         let dm = f.demand.unwrap();
+        // The group started on the 1st (a partial day): the basis is the 2nd to the 10th.
+        assert_eq!(f.basis.days, 9);
         assert_eq!(dm.slope_gpu_hours_per_day, 10.0);
-        assert_eq!(dm.gpu_hours_per_day, 55.0);
-        assert_eq!(dm.pct_per_month, Some(round(10.0 * 30.0 / 55.0 * 100.0, 1)));
+        assert_eq!(dm.gpu_hours_per_day, 60.0);
+        assert_eq!(dm.pct_per_month, Some(round(10.0 * 30.0 / 60.0 * 100.0, 1)));
         // At midnight all of today is to come: a weekday (Friday) at $1.
         assert_eq!(f.month_days[10].forecast_usd.unwrap().expected, 1.0);
         // A group whose GPUs left three days ago: the empty days count as $0.
@@ -596,13 +608,14 @@ mod tests {
             .map(|x| day(&x.to_string(), 70.0, 24))
             .collect();
         let f = forecast("gone", &gone, at("2026-12-11T00:00:00Z"));
-        assert_eq!(f.basis.days, 10);
+        assert_eq!(f.basis.days, 9);
         let me = f.month_end_usd.unwrap();
-        // Weekdays 12-01..04, 07 at $70 and 08..10 at $0: mean 43.75, p10 0; the weekend
-        // 12-05, 06 at $70. To come (today included): 15 weekdays, 6 weekend days.
+        // From 12-02 (the 1st was its partial first day): weekdays 12-02..04, 07 at $70 and
+        // 08..10 at $0: mean 40, p10 0; the weekend 12-05, 06 at $70. To come (today
+        // included): 15 weekdays, 6 weekend days.
         assert_eq!(
             (me.low, me.expected),
-            (490.0 + 6.0 * 70.0, 490.0 + 15.0 * 43.75 + 420.0)
+            (490.0 + 6.0 * 70.0, 490.0 + 15.0 * 40.0 + 420.0)
         );
     }
 

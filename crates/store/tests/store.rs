@@ -3996,16 +3996,18 @@ async fn forecast_month_so_far_equals_the_summary(store: Store) {
         .await
         .unwrap();
     let nlp = groups.iter().find(|f| f.key == "nlp").unwrap();
-    // nlp's history: 2026-11-22 ..= 2026-12-01, ten complete days.
-    assert_eq!(nlp.basis.days, 10);
+    // nlp's history starts 2026-11-22 00:30, a partial day: its basis is 2026-11-23 ..=
+    // 2026-12-01, nine complete days.
+    assert_eq!(nlp.basis.days, 9);
     let me = nlp.month_end_usd.clone().unwrap();
     assert!(me.low <= me.expected && me.expected <= me.high, "{me:?}");
     assert!(me.expected > nlp.month_to_date_usd);
     // nlp's own unpriced hours: C's 36 hours of December.
     assert_eq!(nlp.unpriced_gpu_hours, 36);
-    // vision since 2026-11-28: four complete days, no projection (never $0).
+    // vision since 2026-11-28 00:30: three complete days after its partial first, no
+    // projection (never $0).
     let vision = groups.iter().find(|f| f.key == "vision").unwrap();
-    assert_eq!(vision.basis.days, 4);
+    assert_eq!(vision.basis.days, 3);
     assert_eq!(vision.month_end_usd, None);
     assert!(vision
         .note

@@ -2264,9 +2264,9 @@ async fn query_forecast_groups_and_marks_short_history_unknown() {
             g["key"]
         );
     }
-    // gcp's only GPU arrived on 2026-11-30: two complete days.
+    // gcp's only GPU arrived on 2026-11-30, part-way: one complete day after it.
     let gcp = groups.iter().find(|f| f["key"] == "gcp").unwrap();
-    assert_eq!(gcp["basis"]["days"], 2);
+    assert_eq!(gcp["basis"]["days"], 1);
     assert!(
         gcp["month_end_usd"].is_null() && gcp["demand"].is_null(),
         "{gcp}"
