@@ -1221,15 +1221,22 @@ pub fn parse_scontrol_jobs(text: &str) -> (Vec<JobIndexes>, Vec<Problem>) {
 /// tries them in when it is not told one.
 pub const RESTD_APIS: &[&str] = &["v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38"];
 
+/// slurmrestd's error number for a query that found nothing (`ESLURM_REST_EMPTY_RESULT`):
+/// slurmdbd answers a window without jobs with it, beside an empty list. Not a failure.
+const RESTD_EMPTY_RESULT: u64 = 9003;
+
 /// The answer's list `list`, or why there is none (an `errors` entry, not JSON).
 fn restd_list(bytes: &[u8], list: &str) -> Result<Vec<Value>, String> {
     let v: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("the answer is not JSON: {e}"))?;
-    if let Some(errs) = v
+    let errs: Vec<&Value> = v
         .get("errors")
         .and_then(Value::as_array)
-        .filter(|e| !e.is_empty())
-    {
+        .into_iter()
+        .flatten()
+        .filter(|e| e.get("error_number").and_then(Value::as_u64) != Some(RESTD_EMPTY_RESULT))
+        .collect();
+    if !errs.is_empty() {
         let text: Vec<String> = errs
             .iter()
             .map(|e| {
@@ -1816,6 +1823,20 @@ mod tests {
 
     /// slurmrestd's answers as 22.05 gives them (abridged): the same facts as the commands,
     /// and a bad field named by its JSON path.
+    #[test]
+    fn restd_an_empty_window_is_no_jobs_not_a_failure() {
+        // Recorded from the test cluster's slurmrestd (Slurm 22.05.8) for a window without
+        // jobs: slurmdbd says "Nothing found" (error 9003) beside an empty list.
+        let empty =
+            include_bytes!("../../../tests/data/slurmrestd/v0.0.38-slurmdb-jobs-empty.json");
+        let s = parse_restd_accounting(empty).unwrap();
+        assert_eq!((s.jobs.len(), s.problems.len()), (0, 0));
+        // Any other error still fails the part, named.
+        let other = br#"{"errors": [{"error_number": 1, "error": "Unspecified error", "description": "x"}], "jobs": []}"#;
+        let e = parse_restd_accounting(other).unwrap_err();
+        assert!(e.contains("Unspecified error"), "{e}");
+    }
+
     #[test]
     fn restd_answers_read_like_the_commands() {
         let nodes = br#"{"errors": [], "nodes": [
