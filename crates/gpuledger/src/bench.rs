@@ -652,11 +652,12 @@ async fn time_pages_at(
             ("api gpus", "/api/v1/gpus".to_string()),
             ("api used-by", "/api/v1/used-by".to_string()),
             ("api savings", "/api/v1/savings".to_string()),
+            ("api forecast", "/api/v1/forecast".to_string()),
         ] {
-            // One GPU, the sources and a team's page take no team filter; the GPU list takes
-            // no range.
+            // One GPU, the sources and a team's page take no team filter; the GPU list and the
+            // forecast (always of the current month) take no range.
             if (q.starts_with("team") && matches!(name, "gpu" | "sources" | "team"))
-                || (q.starts_with("range") && name == "api gpus")
+                || (q.starts_with("range") && matches!(name, "api gpus" | "api forecast"))
             {
                 continue;
             }

@@ -245,6 +245,7 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
         "waste, 90 days",
         "api used-by, team nlp",
         "api savings",
+        "api forecast, team nlp",
     ] {
         assert!(
             text.lines().any(|l| l.starts_with(page)),

@@ -3966,6 +3966,10 @@ async fn forecast_month_so_far_equals_the_summary(store: Store) {
             team: vec!["nlp".into()],
             ..Default::default()
         },
+        Filters {
+            model: vec!["Tesla T4".into()],
+            ..Default::default()
+        },
     ] {
         let s = store
             .summary(month, &filters, GroupBy::Team, now())
@@ -3975,6 +3979,13 @@ async fn forecast_month_so_far_equals_the_summary(store: Store) {
             .forecast(&filters, GroupBy::Team, now())
             .await
             .unwrap();
+        // The pages' total alone (without the owner periods when no team or environment
+        // filter needs them) is the same forecast.
+        assert_eq!(
+            store.forecast_total(&filters, now()).await.unwrap(),
+            total,
+            "{filters:?}"
+        );
         assert!(s.total.cost_usd > 0.0);
         assert_eq!(total.month_to_date_usd, s.total.cost_usd, "{filters:?}");
         assert_eq!(total.unpriced_gpu_hours, s.total.unpriced_gpu_hours);

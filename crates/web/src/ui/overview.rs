@@ -64,11 +64,11 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (windows, gpus, series, (_, forecast)) = tokio::try_join!(
+    let (windows, gpus, series, forecast) = tokio::try_join!(
         store.gpu_windows(window, &p.filters, now),
         store.list_gpus(&p.filters, false, now),
         store.series(window, &p.filters, daily, now),
-        store.forecast(&p.filters, GroupBy::Team, now),
+        store.forecast_total(&p.filters, now),
     )?;
     // One read of the per-GPU counts serves both groupings and the waste findings.
     let (team_groups, total) = summarize(&windows, GroupBy::Team);

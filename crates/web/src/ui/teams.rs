@@ -203,13 +203,13 @@ pub async fn team_page(
     f.title = format!("Team {team}");
     let store = &state.store;
     p.filters.team = vec![team.clone()];
-    let (by_env, gpus, windows, allocs, (_, forecast)) = tokio::try_join!(
+    let (by_env, gpus, windows, allocs, forecast) = tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Env, now),
         store.list_gpus(&p.filters, false, now),
         store.gpu_totals(window, &p.filters, now),
         store.allocations_in(window, &p.filters, 200),
         // The filters hold only this team: the total is the team's forecast.
-        store.forecast(&p.filters, GroupBy::Team, now),
+        store.forecast_total(&p.filters, now),
     )?;
     let mut groups = by_env.groups.clone();
     let mut total = by_env.total.clone();
