@@ -549,8 +549,8 @@ impl Store {
         .bind(who.source.clone())
         .bind(a.owner.clone())
         .bind(context)
-        .bind(a.avg_util_pct)
-        .bind(a.avg_mem_used_mib)
+        .bind(F64(a.avg_util_pct))
+        .bind(F64(a.avg_mem_used_mib))
         .execute(&mut **tx)
         .await?;
             // Re-flag every hour the allocation covers now or ever covered: an open one that
