@@ -79,6 +79,10 @@ enum Command {
         /// Print the messages of this round instead of sending them.
         #[arg(long)]
         dry_run: bool,
+        /// Run the round as of this time (a date or an RFC 3339 time) instead of now: for
+        /// replaying a database whose data ends then (`demo --load-only --until`).
+        #[arg(long, value_parser = parse_from)]
+        at: Option<chrono::DateTime<chrono::Utc>>,
         #[command(flatten)]
         db: DbArgs,
     },
@@ -158,6 +162,11 @@ struct DemoArgs {
     /// Load the history, print the summary and exit instead of serving.
     #[arg(long)]
     load_only: bool,
+    /// With --load-only: the history ends at this time (a date or an RFC 3339 time) instead of
+    /// now, as if the demo ran then; loading again with a later time adds the days between
+    /// (replays of the notifications over a week of the demo, docs/notifications.md).
+    #[arg(long, value_parser = parse_from, requires = "load_only")]
+    until: Option<chrono::DateTime<chrono::Utc>>,
     /// Load the history, time every dashboard page (median of 10 renders) and exit.
     #[arg(long)]
     bench_pages: bool,
@@ -343,7 +352,11 @@ fn spawn_notifier(n: gpuledger_web::notify::Notifier) {
 }
 
 /// `gpuledger notify [--dry-run]`.
-async fn notify(dry_run: bool, db: DbArgs) -> anyhow::Result<()> {
+async fn notify(
+    dry_run: bool,
+    at: Option<chrono::DateTime<chrono::Utc>>,
+    db: DbArgs,
+) -> anyhow::Result<()> {
     let cfg = load_config(db.config.as_ref())?;
     let Some(n) = cfg.notifications.clone() else {
         anyhow::bail!(
@@ -355,7 +368,10 @@ async fn notify(dry_run: bool, db: DbArgs) -> anyhow::Result<()> {
     let store = Store::open_for_tool(&url, cfg.settings.clone())
         .await
         .with_context(|| format!("opening database {}", redacted(&url)))?;
-    let state = AppState::new(store, cfg.web);
+    let mut state = AppState::new(store, cfg.web);
+    if let Some(at) = at {
+        state.clock = std::sync::Arc::new(move || at);
+    }
     let notifier = gpuledger_web::notify::Notifier::new(state.clone(), n);
     let report = notifier.round(state.now(), dry_run).await?;
     if report.messages.is_empty() {
@@ -425,7 +441,10 @@ async fn backup(file: PathBuf, db: DbArgs) -> anyhow::Result<()> {
 }
 
 async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
-    let (store, state, _) = demo::open(args.database_url.clone(), args.days, "demo").await?;
+    let (store, mut state, _) = demo::open(args.database_url.clone(), args.days, "demo").await?;
+    if let Some(until) = args.until {
+        state.clock = std::sync::Arc::new(move || until);
+    }
     let started = std::time::Instant::now();
     let demo = demo::load(&state, args.seed, args.days).await?;
     let gpus: u32 = demo.hosts.iter().map(|h| h.gpus).sum();
@@ -728,7 +747,7 @@ fn main() -> std::process::ExitCode {
             Command::Agent(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file } => check_config(file),
             Command::Forecast { command } => forecast::run(command).await,
-            Command::Notify { dry_run, db } => notify(dry_run, db).await,
+            Command::Notify { dry_run, at, db } => notify(dry_run, at, db).await,
             Command::Backup { file, db } => backup(file, db).await,
             Command::Reattribute { from, db } => reattribute(from, db).await,
             Command::Import {

@@ -243,6 +243,14 @@ pub struct Notifier {
     pub sender: Sender,
 }
 
+/// A threshold finding already told clears only below this share of its threshold.
+pub const CLEAR_BELOW: f64 = 0.9;
+
+/// Whether fingerprint `new` is a lower step than `old` (both doubling steps of a threshold).
+fn lower(new: &str, old: &str) -> bool {
+    matches!((new.parse::<i64>(), old.parse::<i64>()), (Ok(n), Ok(o)) if n < o)
+}
+
 /// How far back the findings and idle costs look: the last 7 days.
 const LOOKBACK_DAYS: i64 = 7;
 
@@ -270,6 +278,17 @@ impl Notifier {
 
     /// Every finding the rules give now.
     pub async fn evaluate(&self, now: DateTime<Utc>) -> anyhow::Result<Vec<Alert>> {
+        self.evaluate_with(now, &BTreeSet::new()).await
+    }
+
+    /// Every finding the rules give now; `open` are the keys of findings already told and not
+    /// resolved, which a threshold rule keeps until their figure falls [`CLEAR_BELOW`] of the
+    /// way under the threshold, so a figure wavering around it does not flap.
+    async fn evaluate_with(
+        &self,
+        now: DateTime<Utc>,
+        open: &BTreeSet<String>,
+    ) -> anyhow::Result<Vec<Alert>> {
         let store = &self.state.store;
         let mut out = Vec::new();
         let window = Window {
@@ -387,7 +406,13 @@ impl Notifier {
                         .summary(window, &Filters::default(), GroupBy::Team, now)
                         .await?;
                     for g in &s.groups {
-                        if g.key == UNOWNED || g.idle_cost_usd < *usd_per_week {
+                        let told = open.contains(&format!("{}:{}", rule.kind.as_str(), g.key));
+                        let bar = if told {
+                            *usd_per_week * CLEAR_BELOW
+                        } else {
+                            *usd_per_week
+                        };
+                        if g.key == UNOWNED || g.idle_cost_usd < bar {
                             continue;
                         }
                         out.push(alert(
@@ -593,7 +618,6 @@ impl Notifier {
     /// weekly digests when due. `dry`: nothing is sent or recorded; the report says what would be.
     pub async fn round(&self, now: DateTime<Utc>, dry: bool) -> anyhow::Result<RoundReport> {
         let mut report = RoundReport::default();
-        let alerts = self.evaluate(now).await?;
         let states: BTreeMap<(String, String), NotifyState> = self
             .state
             .store
@@ -602,6 +626,12 @@ impl Notifier {
             .into_iter()
             .map(|s| ((s.key.clone(), s.audience.clone()), s))
             .collect();
+        let open: BTreeSet<String> = states
+            .values()
+            .filter(|s| s.resolved_at.is_none() && s.sent_at.is_some())
+            .map(|s| s.key.clone())
+            .collect();
+        let alerts = self.evaluate_with(now, &open).await?;
         let mut wanted = BTreeSet::new();
         for a in &alerts {
             for t in self.targets(&a.to, a.team.as_deref(), true) {
@@ -618,6 +648,8 @@ impl Notifier {
                             "changed"
                         }
                     }
+                    // A figure that falls back a step is no news; one that rises is.
+                    Some(s) if lower(&a.fingerprint, &s.fingerprint) => continue,
                     Some(s) if s.fingerprint != a.fingerprint => "changed",
                     Some(_) => continue,
                 };
@@ -972,6 +1004,15 @@ fn enc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_higher_step_is_news() {
+        assert!(lower("1", "2"));
+        assert!(!lower("3", "2"));
+        assert!(!lower("2", "2"));
+        // Not steps (a GPU set's hash): any change is news.
+        assert!(!lower("00ab", "00ff"));
+    }
 
     #[test]
     fn a_figure_is_new_again_only_when_it_doubles() {
