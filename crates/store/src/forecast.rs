@@ -11,6 +11,52 @@ use sqlx::Row;
 use crate::query::{Window, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
+/// A day's sums of [`crate::query::window_rows`]' rows `u` of GPUs `g`: present GPU-hours,
+/// their cost over GPUs with a rate, and the hours of GPUs without one.
+const DAY_COST: &str = "CAST(SUM(u.present) AS BIGINT) AS present, \
+     CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN 0 \
+       ELSE u.present * g.usd_per_hour END) AS DOUBLE PRECISION) AS cost, \
+     CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN u.present ELSE 0 END) AS BIGINT) \
+       AS unpriced";
+
+/// The days a forecast as of `now` reads: from [`inputs_from`] to `now`.
+fn inputs_window(now: DateTime<Utc>) -> Window {
+    let from = inputs_from(now)
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc()
+        .timestamp();
+    Window {
+        from,
+        to: now.timestamp(),
+    }
+}
+
+/// One row of day sums ([`DAY_COST`]) at `t`, with its team, env, cloud and model when
+/// `grouped` (else the one group of the total).
+fn day_row(r: &sqlx::any::AnyRow, grouped: bool) -> Result<DayRow> {
+    let t: i64 = r.try_get("t")?;
+    let text = |c: &str| -> Result<String> {
+        Ok(if grouped {
+            r.try_get(c)?
+        } else {
+            String::new()
+        })
+    };
+    Ok(DayRow {
+        day: DateTime::from_timestamp(t, 0)
+            .map(|d| d.date_naive())
+            .unwrap_or(NaiveDate::MIN),
+        team: text("team")?,
+        env: text("env")?,
+        cloud: if grouped { r.try_get("cloud")? } else { None },
+        model: text("model")?,
+        gpu_hours: r.try_get("present")?,
+        cost_usd: r.try_get("cost")?,
+        unpriced_gpu_hours: r.try_get("unpriced")?,
+    })
+}
+
 impl Store {
     /// Per UTC day of the window and (owner team and env at the hour, cloud, model): present
     /// GPU-hours, their cost over GPUs with a rate, and the hours of GPUs without one. Team
@@ -26,11 +72,7 @@ impl Store {
         let sql = format!(
             "WITH {SPLIT_DAYS} \
              SELECT u.t AS t, o.team AS team, o.env AS env, g.cloud AS cloud, g.model AS model, \
-             CAST(SUM(u.present) AS BIGINT) AS present, \
-             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN 0 \
-               ELSE u.present * g.usd_per_hour END) AS DOUBLE PRECISION) AS cost, \
-             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN u.present ELSE 0 END) AS BIGINT) \
-               AS unpriced \
+             {DAY_COST} \
              FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause} \
@@ -39,21 +81,7 @@ impl Store {
         self.fetch_window_rows(&sql, binds_at, binds)
             .await?
             .iter()
-            .map(|r| {
-                let t: i64 = r.try_get("t")?;
-                Ok(DayRow {
-                    day: DateTime::from_timestamp(t, 0)
-                        .map(|d| d.date_naive())
-                        .unwrap_or(NaiveDate::MIN),
-                    team: r.try_get("team")?,
-                    env: r.try_get("env")?,
-                    cloud: r.try_get("cloud")?,
-                    model: r.try_get("model")?,
-                    gpu_hours: r.try_get("present")?,
-                    cost_usd: r.try_get("cost")?,
-                    unpriced_gpu_hours: r.try_get("unpriced")?,
-                })
-            })
+            .map(|r| day_row(r, true))
             .collect()
     }
 
@@ -62,15 +90,7 @@ impl Store {
     /// without the owner periods (as the daily trend's fast path does), which gives the same
     /// days at a fraction of the work.
     pub async fn forecast_total(&self, filters: &Filters, now: DateTime<Utc>) -> Result<Forecast> {
-        let from = inputs_from(now)
-            .and_hms_opt(0, 0, 0)
-            .expect("midnight")
-            .and_utc()
-            .timestamp();
-        let window = Window {
-            from,
-            to: now.timestamp(),
-        };
+        let window = inputs_window(now);
         if filters.by_owner() {
             let rows = self.forecast_days(window, filters, now).await?;
             return Ok(forecasts(&rows, GroupBy::Team, now).1);
@@ -79,11 +99,7 @@ impl Store {
         let (clause, binds) = filters.clause(8);
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT u.t AS t, CAST(SUM(u.present) AS BIGINT) AS present, \
-             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN 0 \
-               ELSE u.present * g.usd_per_hour END) AS DOUBLE PRECISION) AS cost, \
-             CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN u.present ELSE 0 END) AS BIGINT) \
-               AS unpriced \
+             SELECT u.t AS t, {DAY_COST} \
              FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
              WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
         );
@@ -91,21 +107,7 @@ impl Store {
             .fetch_window_rows(&sql, binds_at, binds)
             .await?
             .iter()
-            .map(|r| {
-                let t: i64 = r.try_get("t")?;
-                Ok(DayRow {
-                    day: DateTime::from_timestamp(t, 0)
-                        .map(|d| d.date_naive())
-                        .unwrap_or(NaiveDate::MIN),
-                    team: String::new(),
-                    env: String::new(),
-                    cloud: None,
-                    model: String::new(),
-                    gpu_hours: r.try_get("present")?,
-                    cost_usd: r.try_get("cost")?,
-                    unpriced_gpu_hours: r.try_get("unpriced")?,
-                })
-            })
+            .map(|r| day_row(r, false))
             .collect::<Result<Vec<_>>>()?;
         Ok(forecasts(&rows, GroupBy::Team, now).1)
     }
@@ -118,15 +120,7 @@ impl Store {
         by: GroupBy,
         now: DateTime<Utc>,
     ) -> Result<(Vec<Forecast>, Forecast)> {
-        let from = inputs_from(now)
-            .and_hms_opt(0, 0, 0)
-            .expect("midnight")
-            .and_utc()
-            .timestamp();
-        let window = Window {
-            from,
-            to: now.timestamp(),
-        };
+        let window = inputs_window(now);
         let rows = self.forecast_days(window, filters, now).await?;
         Ok(forecasts(&rows, by, now))
     }
