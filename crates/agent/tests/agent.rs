@@ -1459,6 +1459,54 @@ fn e2e_once_dry_run_prints_exactly_the_body_and_the_server_accepts_it_as_is() {
     server.stop();
 }
 
+/// Recorded on a real NVIDIA H200 (driver 580.159.04, CUDA 13.0; `scripts/real-gpu-check.sh`,
+/// files in `tests/data/h200`): the agent's body read through NVML there, and that host's
+/// `nvidia-smi -q -x` of the same second. Replayed here through a fake `nvidia-smi`, the
+/// `smi-xml` reader must report the GPU NVML reported: same identity, attributes and labels,
+/// and the same readings to nvidia-smi's rounding.
+#[test]
+fn recorded_h200_smi_xml_reader_reports_what_nvml_reported() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h200");
+    let nvml: PushBody =
+        serde_json::from_str(&std::fs::read_to_string(data.join("agent-nvml.json")).unwrap())
+            .unwrap();
+    let tmp = TempDir::new("h200");
+    let bin = fake_smi(&tmp.0);
+    let out = agent(&bin)
+        .args(["--once", "--dry-run", "--host", "vm", "--no-processes"])
+        .args(["--source", "smi-xml", "--no-cloud-metadata"])
+        .arg("--buffer-dir")
+        .arg(tmp.0.join("never"))
+        .env("FAKE_SMI_XML", data.join("nvidia-smi-q.xml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let xml: PushBody = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((xml.gpus.len(), nvml.gpus.len()), (1, 1));
+    let (a, b) = (&xml.gpus[0], &nvml.gpus[0]);
+    assert_eq!(a.uuid, "GPU-05e118fe-42ae-2501-75e3-1b1d6de5d65a");
+    assert_eq!(
+        (&a.uuid, &a.model, a.memory_mib, &a.serial, &a.pci_bus_id),
+        (&b.uuid, &b.model, b.memory_mib, &b.serial, &b.pci_bus_id)
+    );
+    assert_eq!(a.model, "NVIDIA H200");
+    assert_eq!(a.memory_mib, Some(143_771));
+    assert_eq!(a.mig_parent_uuid, None);
+    assert_eq!(a.labels, b.labels, "driver, CUDA and MIG mode labels");
+    let (x, n) = (&xml.samples[0], &nvml.samples[0]);
+    assert_eq!((x.util_pct, n.util_pct), (Some(0.0), Some(0.0)));
+    assert_eq!((x.mem_used_mib, n.mem_used_mib), (Some(0.0), Some(0.0)));
+    let (px, pn) = (x.power_w.unwrap(), n.power_w.unwrap());
+    assert!(
+        (px - pn).abs() < 0.1,
+        "power {px} W by nvidia-smi, {pn} W by NVML"
+    );
+}
+
 /// Issue 19: a body the server refuses whole (422: no record could be kept, here because the
 /// server's clock is a day behind and every reading is "in the future") is logged and dropped,
 /// never retried, and `--once` exits non-zero.
