@@ -213,7 +213,9 @@ impl History {
             let Some(last) = (0..h.gpus).filter_map(|g| seen(g).map(|s| s.1)).max() else {
                 continue;
             };
-            let body = demo::history_body(h, self.from, last + 1);
+            // From where the load started the host: a host that arrived during the history
+            // has no samples before.
+            let body = demo::history_body(h, demo::history_start(h, self.from, self.to), last + 1);
             let mut current = "";
             for s in &body.samples {
                 let Some(pct) = s.util_pct else { continue };

@@ -884,6 +884,14 @@ pub fn arrived_days_ago(h: &Host) -> Option<i64> {
     h.model.contains("MI300X").then_some(12)
 }
 
+/// Where a host's part of the history `[from, to)` starts: `from`, or the hour it arrived
+/// ([`arrived_days_ago`]).
+pub fn history_start(h: &Host, from: i64, to: i64) -> i64 {
+    arrived_days_ago(h).map_or(from, |d| {
+        gpuledger_model::hour_floor(to - d * 86_400).max(from)
+    })
+}
+
 /// The history of several hosts split into one body per UTC day: inventory in the first,
 /// each sample in its day's body, each allocation in the body of the day it starts. A host
 /// that arrived during `[from, to)` ([`arrived_days_ago`]) starts there.
@@ -893,10 +901,7 @@ pub fn daily_bodies(hosts: &[&Host], from: i64, to: i64) -> Vec<PushBody> {
     let mut out: Vec<PushBody> = vec![PushBody::default(); days];
     let day_of = |ts: i64| ((ts.div_euclid(86_400) - first_day).max(0) as usize).min(days - 1);
     for h in hosts {
-        let start = arrived_days_ago(h).map_or(from, |d| {
-            gpuledger_model::hour_floor(to - d * 86_400).max(from)
-        });
-        let body = history_body(h, start, to);
+        let body = history_body(h, history_start(h, from, to), to);
         out[0].gpus.extend(body.gpus);
         for s in body.samples {
             out[day_of(s.ts.timestamp())].samples.push(s);
