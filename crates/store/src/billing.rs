@@ -268,15 +268,8 @@ impl Store {
                  WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2",
             )
             .await?;
-            self.for_ids(
-                &mut tx,
-                ids,
-                day_floor(*lo),
-                day_floor(*hi - 1) + DAY_SECS,
-                Some(self.settings.idle_threshold_pct),
-                crate::rollup::REROLL_DAYS,
-            )
-            .await?;
+            self.reroll_days(&mut tx, ids, day_floor(*lo), day_floor(*hi - 1) + DAY_SECS)
+                .await?;
         }
         // Per GPU, owner and month: what this file billed for the hours it covers, against the
         // estimate of the same hours.

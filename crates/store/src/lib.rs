@@ -162,6 +162,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "notifications",
         include_str!("../migrations/sqlite/0014_notifications.sql"),
     ),
+    (
+        15,
+        "day_running_totals",
+        include_str!("../migrations/sqlite/0015_day_running_totals.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -233,6 +238,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         14,
         "notifications",
         include_str!("../migrations/postgres/0014_notifications.sql"),
+    ),
+    (
+        15,
+        "day_running_totals",
+        include_str!("../migrations/postgres/0015_day_running_totals.sql"),
     ),
 ];
 

@@ -420,11 +420,28 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<GpuWindow>> {
+        self.gpu_windows_of(window, filters, now, true).await
+    }
+
+    /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) when `with_mem`;
+    /// without it, the whole days of GPUs with one owner over the window come from the day
+    /// rows' running totals (two rows per GPU), which cannot give a maximum.
+    async fn gpu_windows_of(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        with_mem: bool,
+    ) -> Result<Vec<GpuWindow>> {
         // Most GPUs keep one owner period over the whole window: their rows are summed per
         // GPU without looking up a period for each row (most of the cost), then given that
         // period. Only the GPUs whose owner changed within the window (`nc`) are read row by
         // row, each row under the period it fell in, through the per-GPU indexes.
-        let (binds_at, unowned) = unowned_window_rows(window, now);
+        let (binds_at, unowned) = if with_mem {
+            unowned_window_rows(window, now)
+        } else {
+            running_window_rows(window, now)
+        };
         let (_, changed) = window_rows_of_only(window, now, "nc");
         const HI: &str = "(CASE WHEN $6 > $4 THEN $6 ELSE $4 END)";
         let rows = format!(
@@ -443,7 +460,15 @@ impl Store {
              nc AS (SELECT DISTINCT gpu_id FROM span \
                WHERE NOT (from_ts <= $3 AND to_ts >= {HI}))"
         );
-        self.gpu_windows_from(&ctes, &rows, binds_at, filters).await
+        let mut windows = self
+            .gpu_windows_from(&ctes, &rows, binds_at, filters)
+            .await?;
+        if !with_mem {
+            for w in &mut windows {
+                w.mem_max_mib = None;
+            }
+        }
+        Ok(windows)
     }
 
     /// [`Store::gpu_windows`] read the plain way, every row joined to the owner period it fell
@@ -556,7 +581,8 @@ impl Store {
         group_by: GroupBy,
         now: DateTime<Utc>,
     ) -> Result<Summary> {
-        let windows = self.gpu_windows(window, filters, now).await?;
+        // No figure of the summary needs peak memory.
+        let windows = self.gpu_windows_of(window, filters, now, false).await?;
         let (groups, total) = summarize(&windows, group_by);
         Ok(Summary {
             from: ts(window.from),
@@ -686,6 +712,85 @@ pub(crate) fn window_rows_of_only(
     window_rows_of(window, now, true, Some(only))
 }
 
+/// One row per hour of `gpu_hours h` (read `FROM {from}`, where `{range}`), with the columns of
+/// [`window_rows`]: its owner period's start when `owned` (else 0), and only GPUs of the CTE
+/// `only` when given.
+fn hour_rows(owned: bool, only: Option<&str>, from: &str, range: &str) -> String {
+    // The hours are read first, by the window's range (or a split day's), then their owner
+    // period: CROSS JOIN fixes that order on SQLite (PostgreSQL plans it freely), and
+    // `+h.hour` keeps the period from bounding the hours instead (SQLite would then read
+    // every hour of the period and filter).
+    let (o_from, owner, mut period) = if owned {
+        (
+            "o.from_ts",
+            " CROSS JOIN gpu_owners o",
+            " AND o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour AND o.to_ts > +h.hour".to_string(),
+        )
+    } else {
+        ("0", "", String::new())
+    };
+    let drive = match only {
+        Some(only) => {
+            period.push_str(&format!(" AND h.gpu_id = {only}.gpu_id"));
+            format!("{only} CROSS JOIN ")
+        }
+        None => String::new(),
+    };
+    format!(
+        "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400, 1, \
+         CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
+         CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
+         CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
+         CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
+         CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
+         FROM {drive}{from}{owner} WHERE {range}{period}"
+    )
+}
+
+/// The window's two partial edge days, from hour rows (the binds of [`window_rows`]).
+fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
+    [
+        hour_rows(owned, only, "gpu_hours h", "h.hour >= $3 AND h.hour < $4"),
+        hour_rows(owned, only, "gpu_hours h", "h.hour >= $5 AND h.hour < $6"),
+    ]
+}
+
+/// [`unowned_window_rows`] of the GPUs in the CTE `cover` (one owner period over the whole
+/// window, so no whole day of theirs is split), without memory (`mem` is NULL): each GPU's
+/// whole days as one row, its last day row's running totals less its first's plus the first's
+/// own figures (two rows read per GPU however many days), and its edge hours. For sums that
+/// need no peak memory (the summary).
+pub(crate) fn running_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
+    let (binds, _) = window_rows_of(window, now, false, None);
+    let [edge1, edge2] = edge_rows(false, None);
+    let first_last = |dir: &str| {
+        format!(
+            "(SELECT d.day FROM gpu_days d WHERE d.gpu_id = c.gpu_id AND d.day >= $1 \
+             AND d.day < $2 ORDER BY d.day {dir} LIMIT 1)"
+        )
+    };
+    let (first, last) = (first_last("ASC"), first_last("DESC"));
+    let run = |own: &str, run: &str| format!("z.{run} - a.{run} + a.{own}");
+    let union = format!(
+        "SELECT a.gpu_id, 0 AS o_from, 0 AS t, {} AS present, {} AS known, {} AS idle, \
+         {} AS alloc, {} AS alloc_idle, {} AS act, CAST(NULL AS DOUBLE PRECISION) AS mem, \
+         {} AS b_hours, {} AS b_usd \
+         FROM (SELECT c.gpu_id, {first} AS lo_day, {last} AS hi_day FROM cover c) f \
+         JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
+         JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day \
+         UNION ALL {edge1} UNION ALL {edge2}",
+        run("present_hours", "run_present"),
+        run("known_hours", "run_known"),
+        run("idle_hours", "run_idle"),
+        run("allocated_hours", "run_alloc"),
+        run("allocated_idle_hours", "run_alloc_idle"),
+        run("act_sum", "run_act"),
+        run("billed_hours", "run_b_hours"),
+        run("billed_usd", "run_b_usd"),
+    );
+    (binds, union)
+}
+
 fn window_rows_of(
     window: Window,
     now: DateTime<Utc>,
@@ -694,43 +799,12 @@ fn window_rows_of(
 ) -> ([i64; 6], String) {
     let (lo, hi) = window.hours(now.timestamp());
     let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
-    // The hours are read first, by the window's range (or a split day's), then their owner
-    // period: CROSS JOIN fixes that order on SQLite (PostgreSQL plans it freely), and
-    // `+h.hour` keeps the period from bounding the hours instead (SQLite would then read
-    // every hour of the period and filter).
-    let (o_from, owner) = if owned {
-        ("o.from_ts", " CROSS JOIN gpu_owners o")
-    } else {
-        ("0", "")
-    };
-    let (drive, driven) = match only {
-        Some(only) => (
-            format!("{only} CROSS JOIN "),
-            format!(" AND h.gpu_id = {only}.gpu_id"),
-        ),
-        None => (String::new(), String::new()),
-    };
-    let hours = |from: &str, range: &str| {
-        let mut period = if owned {
-            " AND o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour AND o.to_ts > +h.hour"
-        } else {
-            ""
-        }
-        .to_string();
-        period.push_str(&driven);
-        format!(
-            "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400, 1, \
-             CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
-             CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
-             CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
-             CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
-             CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
-             FROM {drive}{from}{owner} WHERE {range}{period}"
-        )
-    };
-    let edge1 = hours("gpu_hours h", "h.hour >= $3 AND h.hour < $4");
-    let edge2 = hours("gpu_hours h", "h.hour >= $5 AND h.hour < $6");
-    let split_hours = hours(
+    let o_from = if owned { "o.from_ts" } else { "0" };
+    let drive = only.map_or(String::new(), |o| format!("{o} CROSS JOIN "));
+    let [edge1, edge2] = edge_rows(owned, only);
+    let split_hours = hour_rows(
+        owned,
+        only,
         "split s CROSS JOIN gpu_hours h",
         "s.day >= $1 AND s.day < $2 AND h.gpu_id = s.gpu_id AND h.hour >= s.day \
          AND h.hour < s.day + 86400",

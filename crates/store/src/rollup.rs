@@ -28,6 +28,27 @@ pub(crate) const REROLL_DAYS: &str =
      allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max, \
      billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd";
 
+/// The running totals (`run_*`) of the day rows of GPUs `IDS` from day `$1` on (`$2`: past the
+/// last), each continuing from the GPU's last row before `$1`: run after any change to those
+/// rows, since every later row's totals include them.
+pub(crate) const RUNNING_DAYS: &str =
+    "UPDATE gpu_days SET run_present = r.p, run_known = r.k, run_act = r.a, run_idle = r.i, \
+     run_alloc = r.al, run_alloc_idle = r.ai, run_b_hours = r.bh, run_b_usd = r.bu \
+     FROM (SELECT d.gpu_id AS gid, d.day AS dday, \
+       COALESCE(b.run_present, 0) + SUM(d.present_hours) OVER w AS p, \
+       COALESCE(b.run_known, 0) + SUM(d.known_hours) OVER w AS k, \
+       COALESCE(b.run_act, 0) + SUM(d.act_sum) OVER w AS a, \
+       COALESCE(b.run_idle, 0) + SUM(d.idle_hours) OVER w AS i, \
+       COALESCE(b.run_alloc, 0) + SUM(d.allocated_hours) OVER w AS al, \
+       COALESCE(b.run_alloc_idle, 0) + SUM(d.allocated_idle_hours) OVER w AS ai, \
+       COALESCE(b.run_b_hours, 0) + SUM(d.billed_hours) OVER w AS bh, \
+       COALESCE(b.run_b_usd, 0) + SUM(d.billed_usd) OVER w AS bu \
+       FROM gpu_days d LEFT JOIN gpu_days b ON b.gpu_id = d.gpu_id AND b.day = (\
+         SELECT MAX(q.day) FROM gpu_days q WHERE q.gpu_id = d.gpu_id AND q.day < $1) \
+       WHERE d.gpu_id IN (IDS) AND d.day >= $1 AND d.day < $2 \
+       WINDOW w AS (PARTITION BY d.gpu_id ORDER BY d.day ROWS UNBOUNDED PRECEDING)) r \
+     WHERE gpu_days.gpu_id = r.gid AND gpu_days.day = r.dday";
+
 /// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
 /// kind and team, `''` when none) and how many there are (`n`): [`crate::query::HELD`] for a
 /// few GPUs, driven from their allocations and their MIG instances'.
@@ -266,18 +287,26 @@ impl Store {
             }
         }
         for ((lo, hi), ids) in &days {
-            self.for_ids(
-                tx,
-                ids,
-                *lo,
-                *hi,
-                Some(self.settings.idle_threshold_pct),
-                REROLL_DAYS,
-            )
-            .await?;
+            self.reroll_days(tx, ids, *lo, *hi).await?;
             self.reroll_day_use(tx, ids, *lo, *hi).await?;
         }
         Ok(())
+    }
+
+    /// The day rows of GPUs `ids` for the days in `[lo, hi)` again from their hour rows, and
+    /// the running totals of every day row of theirs from `lo` on.
+    pub(crate) async fn reroll_days(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+        lo: i64,
+        hi: i64,
+    ) -> Result<()> {
+        let threshold = Some(self.settings.idle_threshold_pct);
+        self.for_ids(tx, ids, lo, hi, threshold, REROLL_DAYS)
+            .await?;
+        self.for_ids(tx, ids, lo, i64::MAX / 2, None, RUNNING_DAYS)
+            .await
     }
 
     /// Used-by per day of GPUs `ids` for the days in `[lo, hi)`, again from the allocations.
@@ -435,6 +464,12 @@ impl Store {
             .bind(i64::MIN / 2)
             .bind(i64::MAX / 2)
             .bind(self.settings.idle_threshold_pct)
+            .execute(&mut **tx)
+            .await?;
+        let running = RUNNING_DAYS.replace("d.gpu_id IN (IDS)", "1 = 1");
+        sqlx::query(&self.sql(&running))
+            .bind(i64::MIN / 2)
+            .bind(i64::MAX / 2)
             .execute(&mut **tx)
             .await?;
         Ok(())

@@ -2025,6 +2025,28 @@ both!(
     activity_evidence_tells_unmeasured_from_idle,
 );
 
+/// The same summary group: counts exactly, money and the average to within a rounding step
+/// (a float summed in another order may round to the other side of half a cent).
+fn assert_same_group(a: &SummaryGroup, b: &SummaryGroup, at: &str) {
+    let mut a = a.clone();
+    let close = |x: f64, y: f64| (x - y).abs() <= 0.0101;
+    for (x, y) in [
+        (&mut a.cost_usd, b.cost_usd),
+        (&mut a.idle_cost_usd, b.idle_cost_usd),
+        (&mut a.allocated_idle_cost_usd, b.allocated_idle_cost_usd),
+        (&mut a.billed_usd, b.billed_usd),
+        (&mut a.billed_estimate_usd, b.billed_estimate_usd),
+    ] {
+        assert!(close(*x, y), "{at}: {x} vs {y} in {b:?}");
+        *x = y;
+    }
+    if let (Some(x), Some(y)) = (a.avg_activity_pct, b.avg_activity_pct) {
+        assert!(close(x, y), "{at}: {x} vs {y}");
+        a.avg_activity_pct = b.avg_activity_pct;
+    }
+    assert_eq!(&a, b, "{at}");
+}
+
 /// A small deterministic generator for the property tests (no dependency needed).
 struct Lcg(u64);
 impl Lcg {
@@ -2158,6 +2180,30 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
                 a.activity_sum = b.activity_sum;
                 a.billed_usd = b.billed_usd;
                 assert_eq!(&a, b, "{from}–{to}");
+            }
+        }
+        // The summary, whose whole days come from the day rows' running totals (kept as
+        // those rows are re-rolled in any order), against the summary of every row joined
+        // to its period.
+        for filters in [Filters::default(), every_team.clone()] {
+            let fast = store
+                .summary(w, &filters, GroupBy::Team, now())
+                .await
+                .unwrap();
+            let joined = store.gpu_windows_joined(w, &filters, now()).await.unwrap();
+            let (groups, total) = gpuledger_ledger::summary::summarize(&joined, GroupBy::Team);
+            assert_eq!(fast.groups.len(), groups.len(), "{from}–{to}");
+            assert!(
+                total.gpu_hours > 0,
+                "{from}–{to}: an empty window proves nothing"
+            );
+            for (a, b) in fast
+                .groups
+                .iter()
+                .chain([&fast.total])
+                .zip(groups.iter().chain([&total]))
+            {
+                assert_same_group(a, b, &format!("{from}–{to}"));
             }
         }
         let unowned = store
