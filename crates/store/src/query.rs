@@ -423,9 +423,8 @@ impl Store {
         self.gpu_windows_of(window, filters, now, true).await
     }
 
-    /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) when `with_mem`;
-    /// without it, the whole days of GPUs with one owner over the window come from the day
-    /// rows' running totals (two rows per GPU), which cannot give a maximum.
+    /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) only when
+    /// `with_mem` (a read of the index by GPU per GPU, which the summary does without).
     async fn gpu_windows_of(
         &self,
         window: Window,
@@ -437,11 +436,7 @@ impl Store {
         // GPU without looking up a period for each row (most of the cost), then given that
         // period. Only the GPUs whose owner changed within the window (`nc`) are read row by
         // row, each row under the period it fell in, through the per-GPU indexes.
-        let (binds_at, unowned) = if with_mem {
-            unowned_window_rows(window, now)
-        } else {
-            running_window_rows(window, now)
-        };
+        let (binds_at, unowned) = running_window_rows(window, now, with_mem);
         let (_, changed) = window_rows_of_only(window, now, "nc");
         const HI: &str = "(CASE WHEN $6 > $4 THEN $6 ELSE $4 END)";
         let rows = format!(
@@ -756,11 +751,15 @@ fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
 }
 
 /// [`unowned_window_rows`] of the GPUs in the CTE `cover` (one owner period over the whole
-/// window, so no whole day of theirs is split), without memory (`mem` is NULL): each GPU's
-/// whole days as one row, its last day row's running totals less its first's plus the first's
-/// own figures (two rows read per GPU however many days), and its edge hours. For sums that
-/// need no peak memory (the summary).
-pub(crate) fn running_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
+/// window, so no whole day of theirs is split): each GPU's whole days as one row, its last day
+/// row's running totals less its first's plus the first's own figures (two rows read per GPU
+/// however many days), and its edge hours. With `with_mem` the whole days' peak memory is
+/// read from the index by GPU (`gpu_days_gpu` carries it); without, `mem` is NULL there.
+pub(crate) fn running_window_rows(
+    window: Window,
+    now: DateTime<Utc>,
+    with_mem: bool,
+) -> ([i64; 6], String) {
     let (binds, _) = window_rows_of(window, now, false, None);
     let [edge1, edge2] = edge_rows(false, None);
     let first_last = |dir: &str| {
@@ -771,11 +770,18 @@ pub(crate) fn running_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 
     };
     let (first, last) = (first_last("ASC"), first_last("DESC"));
     let run = |own: &str, run: &str| format!("z.{run} - a.{run} + a.{own}");
+    let mem = if with_mem {
+        "(SELECT MAX(d.mem_max) FROM gpu_days d WHERE d.gpu_id = c.gpu_id AND d.day >= $1 \
+         AND d.day < $2)"
+    } else {
+        "CAST(NULL AS DOUBLE PRECISION)"
+    };
     let union = format!(
         "SELECT a.gpu_id, 0 AS o_from, 0 AS t, {} AS present, {} AS known, {} AS idle, \
-         {} AS alloc, {} AS alloc_idle, {} AS act, CAST(NULL AS DOUBLE PRECISION) AS mem, \
+         {} AS alloc, {} AS alloc_idle, {} AS act, f.mem AS mem, \
          {} AS b_hours, {} AS b_usd \
-         FROM (SELECT c.gpu_id, {first} AS lo_day, {last} AS hi_day FROM cover c) f \
+         FROM (SELECT c.gpu_id, {first} AS lo_day, {last} AS hi_day, {mem} AS mem \
+           FROM cover c) f \
          JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
          JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day \
          UNION ALL {edge1} UNION ALL {edge2}",

@@ -2101,9 +2101,10 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
             let mut h = 0;
             while h < 6 * 24 {
                 samples.push(format!(
-                    r#"{{"gpu_uuid":"{g}","ts":"{}","util_pct":{}}}"#,
+                    r#"{{"gpu_uuid":"{g}","ts":"{}","util_pct":{},"mem_used_mib":{}}}"#,
                     at(base + h * 3600 + 1800).to_rfc3339(),
-                    r.below(100)
+                    r.below(100),
+                    r.below(40_000)
                 ));
                 h += 1 + r.below(3) as i64;
             }

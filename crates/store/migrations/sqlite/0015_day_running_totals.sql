@@ -3,8 +3,9 @@
 -- last row's running totals less its first row's, plus the first row's own figures: two rows
 -- per GPU instead of one per day, however long the range. The rollup recomputes a GPU's
 -- running totals from the first day it re-rolls onward, in the same transaction. Rows pruned
--- past retention take nothing from the later differences. Keep in step with the other
--- backend's file of this name.
+-- past retention take nothing from the later differences. A maximum has no running form: the
+-- index by GPU carries each day's peak memory, so a GPU's peak over a range is read from the
+-- index alone. Keep in step with the other backend's file of this name.
 ALTER TABLE gpu_days ADD COLUMN run_present BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_days ADD COLUMN run_known BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE gpu_days ADD COLUMN run_act DOUBLE PRECISION NOT NULL DEFAULT 0;
@@ -23,3 +24,5 @@ FROM (SELECT gpu_id AS gid, day AS dday,
       FROM gpu_days
       WINDOW w AS (PARTITION BY gpu_id ORDER BY day ROWS UNBOUNDED PRECEDING)) r
 WHERE gpu_days.gpu_id = r.gid AND gpu_days.day = r.dday;
+DROP INDEX gpu_days_gpu;
+CREATE INDEX gpu_days_gpu ON gpu_days (gpu_id, day, mem_max);
