@@ -127,6 +127,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         storage.samples as f64 / samples.max(1) as f64,
         storage.total as f64 / 1_048_576.0
     );
+    // Past the raw retention only the rollups stay: per sample that was pushed, their bytes
+    // per GPU-hour spread over the samples of an hour at the agent's default interval (60 s);
+    // this fleet pushes one sample an hour, so that is what a real agent's history costs.
+    let kept = (storage.hours + storage.days + storage.day_use) as f64 / hours;
+    println!(
+        "after raw retention: {kept:.1} bytes of rollups per GPU-hour, {:.2} bytes per raw \
+         sample at one sample a minute (the agent's default)",
+        kept / 60.0
+    );
     let history = History::of(&state, &fleet, args.days).await?;
     if let Some(path) = &args.openmetrics {
         let started = Instant::now();
