@@ -102,8 +102,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         fleet
     };
-    // What the server's hourly maintenance does (PostgreSQL: ANALYZE), so plans fit the data.
+    // What the server's hourly maintenance does (PostgreSQL: ANALYZE), so plans fit the data,
+    // and on PostgreSQL what autovacuum does after a bulk load (its dead row versions would
+    // otherwise be read by every page; this machine may run with autovacuum off).
     store.analyze().await?;
+    store.vacuum().await?;
     let storage = store.storage().await?;
     let summary = store
         .summary(

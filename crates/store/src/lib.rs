@@ -727,19 +727,41 @@ impl Store {
 
     /// Refresh the query planner's statistics of the tables that grow with the fleet, so plans
     /// stay right as they grow: `ANALYZE` on PostgreSQL (what autovacuum does when it is on),
-    /// `PRAGMA optimize` on SQLite. The server runs it hourly with pruning.
+    /// `PRAGMA optimize` on SQLite. The server runs it hourly with pruning. On PostgreSQL it
+    /// also vacuums `gpus` and `sources`: every push rewrites rows of theirs (last seen, last
+    /// success), so a few thousand live rows pile up dead versions by the hundred thousand
+    /// between autovacuum's runs (or for good where it is off), and every page reads them.
     pub async fn analyze(&self) -> Result<()> {
         // It writes statistics: one writer at a time, as for ingest (a SQLite write beside an
         // ingest's transaction would make that one fail busy).
         let _writer = self.write_lock.lock().await;
-        let sql = match self.backend {
-            Backend::Postgres => {
-                "ANALYZE gpus, gpu_hours, gpu_days, gpu_day_use, gpu_day_idle, gpu_owners, \
-                 allocations, samples"
-            }
-            Backend::Sqlite => "PRAGMA optimize",
+        let sqls: &[&str] = match self.backend {
+            Backend::Postgres => &[
+                "VACUUM (ANALYZE) gpus, sources",
+                "ANALYZE gpu_hours, gpu_days, gpu_day_use, gpu_day_idle, gpu_owners, \
+                 allocations, samples",
+            ],
+            Backend::Sqlite => &["PRAGMA optimize"],
         };
-        sqlx::query(sql).execute(&self.pool).await?;
+        for sql in sqls {
+            sqlx::query(sql).execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// On PostgreSQL, `VACUUM (ANALYZE)` every table that grows with the fleet: what
+    /// autovacuum does after a bulk load, for a benchmark to time the pages as a server with
+    /// autovacuum on would serve them. Nothing on SQLite, which keeps no dead row versions.
+    pub async fn vacuum(&self) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            let _writer = self.write_lock.lock().await;
+            sqlx::query(
+                "VACUUM (ANALYZE) gpus, sources, gpu_hours, gpu_days, gpu_day_use, \
+                 gpu_day_idle, gpu_owners, allocations, samples",
+            )
+            .execute(&self.pool)
+            .await?;
+        }
         Ok(())
     }
 

@@ -9,7 +9,8 @@ use sqlx::{Any, Transaction};
 use crate::{Result, Store};
 
 /// Recompute day rollups from hour rollups for the GPUs `IDS` in `[$1, $2)`; `$3` is the idle
-/// threshold.
+/// threshold. A row whose figures come out the same is left as it is (on PostgreSQL an update
+/// writes a new row version even when nothing changed).
 pub(crate) const REROLL_DAYS: &str =
     "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
      idle_hours, allocated_hours, allocated_idle_hours, mem_max, billed_hours, billed_usd) \
@@ -26,11 +27,20 @@ pub(crate) const REROLL_DAYS: &str =
      known_hours = excluded.known_hours, act_sum = excluded.act_sum, \
      idle_hours = excluded.idle_hours, allocated_hours = excluded.allocated_hours, \
      allocated_idle_hours = excluded.allocated_idle_hours, mem_max = excluded.mem_max, \
-     billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd";
+     billed_hours = excluded.billed_hours, billed_usd = excluded.billed_usd \
+     WHERE gpu_days.present_hours <> excluded.present_hours \
+     OR gpu_days.known_hours <> excluded.known_hours OR gpu_days.act_sum <> excluded.act_sum \
+     OR gpu_days.idle_hours <> excluded.idle_hours \
+     OR gpu_days.allocated_hours <> excluded.allocated_hours \
+     OR gpu_days.allocated_idle_hours <> excluded.allocated_idle_hours \
+     OR gpu_days.mem_max IS DISTINCT FROM excluded.mem_max \
+     OR gpu_days.billed_hours <> excluded.billed_hours \
+     OR gpu_days.billed_usd <> excluded.billed_usd";
 
 /// The running totals (`run_*`) of the day rows of GPUs `IDS` from day `$1` on (`$2`: past the
 /// last), each continuing from the GPU's last row before `$1`: run after any change to those
-/// rows, since every later row's totals include them.
+/// rows, since every later row's totals include them. Rows whose totals come out the same are
+/// not written.
 pub(crate) const RUNNING_DAYS: &str =
     "UPDATE gpu_days SET run_present = r.p, run_known = r.k, run_act = r.a, run_idle = r.i, \
      run_alloc = r.al, run_alloc_idle = r.ai, run_b_hours = r.bh, run_b_usd = r.bu \
@@ -47,7 +57,10 @@ pub(crate) const RUNNING_DAYS: &str =
          SELECT MAX(q.day) FROM gpu_days q WHERE q.gpu_id = d.gpu_id AND q.day < $1) \
        WHERE d.gpu_id IN (IDS) AND d.day >= $1 AND d.day < $2 \
        WINDOW w AS (PARTITION BY d.gpu_id ORDER BY d.day ROWS UNBOUNDED PRECEDING)) r \
-     WHERE gpu_days.gpu_id = r.gid AND gpu_days.day = r.dday";
+     WHERE gpu_days.gpu_id = r.gid AND gpu_days.day = r.dday AND (gpu_days.run_present <> r.p \
+     OR gpu_days.run_known <> r.k OR gpu_days.run_act <> r.a OR gpu_days.run_idle <> r.i \
+     OR gpu_days.run_alloc <> r.al OR gpu_days.run_alloc_idle <> r.ai \
+     OR gpu_days.run_b_hours <> r.bh OR gpu_days.run_b_usd <> r.bu)";
 
 /// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
 /// kind and team, `''` when none) and how many there are (`n`): [`crate::query::HELD`] for a
@@ -278,7 +291,8 @@ impl Store {
                 None,
                 &format!(
                     "UPDATE gpu_hours SET allocated = {ALLOCATED} \
-                     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2"
+                     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
+                     AND allocated <> {ALLOCATED}"
                 ),
             )
             .await?;
