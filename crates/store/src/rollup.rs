@@ -291,8 +291,7 @@ impl Store {
                 None,
                 &format!(
                     "UPDATE gpu_hours SET allocated = {ALLOCATED} \
-                     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
-                     AND allocated <> {ALLOCATED}"
+                     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2"
                 ),
             )
             .await?;
