@@ -760,7 +760,7 @@ pub(crate) fn running_window_rows(
     now: DateTime<Utc>,
     with_mem: bool,
 ) -> ([i64; 6], String) {
-    let (binds, _) = window_rows_of(window, now, false, None);
+    let binds = window_binds(window, now);
     let [edge1, edge2] = edge_rows(false, None);
     let first_last = |dir: &str| {
         format!(
@@ -797,14 +797,19 @@ pub(crate) fn running_window_rows(
     (binds, union)
 }
 
+/// The binds `$1..$6` of [`window_rows`]: the window's whole days, then its two edges.
+fn window_binds(window: Window, now: DateTime<Utc>) -> [i64; 6] {
+    let (lo, hi) = window.hours(now.timestamp());
+    let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
+    [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1]
+}
+
 fn window_rows_of(
     window: Window,
     now: DateTime<Utc>,
     owned: bool,
     only: Option<&str>,
 ) -> ([i64; 6], String) {
-    let (lo, hi) = window.hours(now.timestamp());
-    let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
     let o_from = if owned { "o.from_ts" } else { "0" };
     let drive = only.map_or(String::new(), |o| format!("{o} CROSS JOIN "));
     let [edge1, edge2] = edge_rows(owned, only);
@@ -831,7 +836,7 @@ fn window_rows_of(
            SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
          UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}"
     );
-    ([d_lo, d_hi, e1.0, e1.1, e2.0, e2.1], union)
+    (window_binds(window, now), union)
 }
 
 /// The workloads holding each present hour (`x`: one row per physical GPU, hour and
