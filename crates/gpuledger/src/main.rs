@@ -309,8 +309,23 @@ async fn reload(
     Ok(())
 }
 
-/// Prune past retention every hour while serving.
+/// Prune past retention every hour while serving, and rebuild the group rollups of the days
+/// changed since (`Store::refresh_groups`) every ten seconds: until then the pages read those
+/// days from the per-GPU rows, exact but slower at scale.
 fn spawn_maintenance(store: Store) {
+    let groups = store.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match groups.refresh_groups(chrono::Utc::now().timestamp()).await {
+                Ok(0) => {}
+                Ok(days) => tracing::debug!(days, "rebuilt the group rollups of changed days"),
+                Err(e) => tracing::warn!(error = %e, "rebuilding group rollups failed; will retry"),
+            }
+        }
+    });
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
         loop {

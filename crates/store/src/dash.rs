@@ -9,6 +9,7 @@ use sqlx::Row;
 pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
 
+use crate::groups::{CLEAN_DAYS, CLEAN_HOURS, DIRTY_HOUR_RANGES};
 use crate::query::{Window, HELD_IDLE, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
@@ -48,6 +49,14 @@ fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
         allocated_hours: r.try_get("alloc")?,
         activity_sum: r.try_get("act")?,
     })
+}
+
+/// The binds `$1..$6` of the per-hour figures: the window's whole days (`$1..$2`) and its
+/// partial edge days (`$3..$4`, `$5..$6`), as [`DIRTY_HOUR_RANGES`] and [`CLEAN_HOURS`] take them.
+fn hour_binds(window: Window, now: DateTime<Utc>) -> [i64; 6] {
+    let (lo, hi) = window.hours(now.timestamp());
+    let ((d_lo, d_hi), [e1, e2]) = crate::query::whole_days(lo, hi);
+    [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1]
 }
 
 fn ts(secs: i64) -> DateTime<Utc> {
@@ -94,66 +103,79 @@ impl Store {
         if daily {
             return self.daily_series(window, filters, now).await;
         }
-        let (lo, hi) = window.hours(now.timestamp());
-        let (join, clause, binds) = self.owned_clause(filters, 4, "h.gpu_id", "h.hour");
+        // Hours of whole days from the group rollups, except the days listed dirty; those
+        // and the partial edge days from the hour rows.
+        let (join, clause, binds) = self.owned_clause(filters, 8, "h.gpu_id", "h.hour");
+        let groups = filters.group_clause(8);
         let sql = format!(
-            "SELECT h.hour AS t, COUNT(*) AS gpus, COUNT(*) AS present, \
-             CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum >= $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS busy, \
-             CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $3 * h.act_n THEN 1 ELSE 0 END) AS BIGINT) AS idle, \
-             CAST(SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS BIGINT) AS known, \
-             CAST(SUM(h.allocated) AS BIGINT) AS alloc, \
-             CAST(SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS DOUBLE PRECISION) AS act \
-             FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
-             WHERE h.hour >= $1 AND h.hour < $2 AND g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY h.hour ORDER BY h.hour"
+            "SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, CAST(SUM(present) AS BIGINT) AS present, \
+             CAST(SUM(busy) AS BIGINT) AS busy, CAST(SUM(idle) AS BIGINT) AS idle, \
+             CAST(SUM(known) AS BIGINT) AS known, CAST(SUM(alloc) AS BIGINT) AS alloc, \
+             CAST(SUM(act) AS DOUBLE PRECISION) AS act FROM (\
+               SELECT gh.hour AS t, gh.present AS gpus, gh.present AS present, \
+               gh.known - gh.idle AS busy, gh.idle AS idle, gh.known AS known, \
+               gh.alloc AS alloc, gh.act AS act {CLEAN_HOURS}{groups} \
+               UNION ALL \
+               SELECT h.hour AS t, COUNT(*) AS gpus, COUNT(*) AS present, \
+               SUM(CASE WHEN h.act_n > 0 AND h.act_sum >= $7 * h.act_n THEN 1 ELSE 0 END) AS busy, \
+               SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END) AS idle, \
+               SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS known, \
+               SUM(h.allocated) AS alloc, \
+               SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS act \
+               FROM {DIRTY_HOUR_RANGES} CROSS JOIN gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
+               WHERE h.hour >= r.lo AND h.hour < r.hi AND g.mig_parent_uuid IS NULL{clause} \
+               GROUP BY h.hour) s GROUP BY t ORDER BY t"
         );
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql)
-            .persistent(false)
-            .bind(lo)
-            .bind(hi)
-            .bind(self.settings.idle_threshold_pct);
-        for b in binds {
-            q = q.bind(b);
-        }
-        q.fetch_all(self.pool()).await?.iter().map(point).collect()
+        self.fetch_window_rows(&sql, hour_binds(window, now), binds)
+            .await?
+            .iter()
+            .map(point)
+            .collect()
     }
 
     /// The daily trend: the rows behind the summary ([`crate::query::window_rows`]) summed per
     /// UTC day, clipped to the window, so the bars add up to the headline figures. A GPU counts
-    /// under its owner at each hour, as in the summary.
+    /// under its owner at each hour, as in the summary. Whole days come from the group rollups
+    /// (`crate::groups`) except the days listed dirty and the GPU-days a change of owner
+    /// splits, which come from the per-GPU rows with the window's edges.
     async fn daily_series(
         &self,
         window: Window,
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
-        if !filters.by_owner() {
+        let owned = filters.by_owner();
+        let (binds_at, union) = crate::query::dirty_window_rows(window, now, owned);
+        let groups = filters.group_clause(8);
+        let rows = if owned {
+            let (clause, _) = filters.clause_with(8, "o");
+            format!(
+                "{DAY_SUMS} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+                 JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
+                 WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t"
+            )
+        } else {
             // Neither team nor environment filtered: the rows need no owner period, only the
             // GPUs the filters select (physical ones), looked up once.
-            let (binds_at, union) = crate::query::unowned_window_rows(window, now);
-            let (clause, binds) = filters.clause(8);
-            let sql = format!(
-                "WITH {SPLIT_DAYS} \
-                 {DAY_SUMS} FROM ({union}) u WHERE u.gpu_id IN (\
+            let (clause, _) = filters.clause(8);
+            format!(
+                "{DAY_SUMS} FROM ({union}) u WHERE u.gpu_id IN (\
                    SELECT g.id FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}) \
-                 GROUP BY u.t ORDER BY u.t"
-            );
-            return self
-                .fetch_window_rows(&sql, binds_at, binds)
-                .await?
-                .iter()
-                .map(point)
-                .collect();
-        }
-        let (binds_at, union) = crate::query::window_rows(window, now);
-        let (clause, binds) = filters.clause_with(8, "o");
+                 GROUP BY u.t"
+            )
+        };
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             {DAY_SUMS} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
-             JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
-             WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
+             SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, CAST(SUM(present) AS BIGINT) AS present, \
+             CAST(SUM(busy) AS BIGINT) AS busy, CAST(SUM(idle) AS BIGINT) AS idle, \
+             CAST(SUM(known) AS BIGINT) AS known, CAST(SUM(alloc) AS BIGINT) AS alloc, \
+             CAST(SUM(act) AS DOUBLE PRECISION) AS act FROM (\
+               SELECT gd.day AS t, gd.gpus AS gpus, gd.present AS present, \
+               gd.known - gd.idle AS busy, gd.idle AS idle, gd.known AS known, \
+               gd.alloc AS alloc, gd.act AS act {CLEAN_DAYS}{groups} \
+               UNION ALL {rows}) s GROUP BY t ORDER BY t"
         );
+        let (_, binds) = filters.clause(8);
         self.fetch_window_rows(&sql, binds_at, binds)
             .await?
             .iter()
@@ -168,27 +190,37 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Heatmap> {
-        let (lo, hi) = window.hours(now.timestamp());
-        let (join, clause, binds) = self.owned_clause(filters, 3, "h.gpu_id", "h.hour");
-        // Sum per clock hour in SQL (a streaming scan of the covering hour index) and fold the
-        // hours into weekday × hour of day here. Without filters, skip the join: MIG instances
-        // are the only GPUs to leave out, and they are few.
+        let (join, clause, binds) = self.owned_clause(filters, 7, "h.gpu_id", "h.hour");
+        let groups = filters.group_clause(7);
+        // Hours of whole days from the group rollups, except the days listed dirty; those and
+        // the partial edge days summed per clock hour in SQL (a streaming scan of the covering
+        // hour index). The hours are folded into weekday × hour of day here. Without filters,
+        // skip the join: MIG instances are the only GPUs to leave out, and they are few.
         let scope = if filters.is_empty() {
-            "FROM gpu_hours h WHERE h.hour >= $1 AND h.hour < $2 AND h.act_n > 0 \
-             AND h.gpu_id NOT IN (SELECT id FROM gpus WHERE mig_parent_uuid IS NOT NULL)"
-                .to_string()
+            format!(
+                "FROM {DIRTY_HOUR_RANGES} CROSS JOIN gpu_hours h WHERE h.hour >= r.lo \
+                 AND h.hour < r.hi AND h.act_n > 0 \
+                 AND h.gpu_id NOT IN (SELECT id FROM gpus WHERE mig_parent_uuid IS NOT NULL)"
+            )
         } else {
             format!(
-                "FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} WHERE h.hour >= $1 \
-                 AND h.hour < $2 AND h.act_n > 0 AND g.mig_parent_uuid IS NULL{clause}"
+                "FROM {DIRTY_HOUR_RANGES} CROSS JOIN gpu_hours h JOIN gpus g ON g.id = h.gpu_id\
+                 {join} WHERE h.hour >= r.lo AND h.hour < r.hi AND h.act_n > 0 \
+                 AND g.mig_parent_uuid IS NULL{clause}"
             )
         };
         let sql = format!(
-            "SELECT h.hour AS hour, COUNT(*) AS n, \
-             CAST(SUM(h.act_sum / h.act_n) AS DOUBLE PRECISION) AS act {scope} GROUP BY h.hour"
+            "SELECT hour, CAST(SUM(n) AS BIGINT) AS n, CAST(SUM(act) AS DOUBLE PRECISION) AS act \
+             FROM (SELECT gh.hour AS hour, gh.known AS n, gh.act AS act {CLEAN_HOURS} \
+               AND gh.known > 0{groups} \
+               UNION ALL SELECT h.hour AS hour, COUNT(*) AS n, SUM(h.act_sum / h.act_n) AS act \
+               {scope} GROUP BY h.hour) s GROUP BY hour"
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false).bind(lo).bind(hi);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for b in hour_binds(window, now) {
+            q = q.bind(b);
+        }
         for b in binds {
             q = q.bind(b);
         }

@@ -8,6 +8,7 @@ use gpuledger_ledger::forecast::{forecasts, inputs_from, DayRow, Forecast};
 use gpuledger_ledger::GroupBy;
 use sqlx::Row;
 
+use crate::groups::CLEAN_DAYS;
 use crate::query::{Window, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
@@ -18,6 +19,10 @@ const DAY_COST: &str = "CAST(SUM(u.present) AS BIGINT) AS present, \
        ELSE u.present * g.usd_per_hour END) AS DOUBLE PRECISION) AS cost, \
      CAST(SUM(CASE WHEN g.usd_per_hour IS NULL THEN u.present ELSE 0 END) AS BIGINT) \
        AS unpriced";
+
+/// [`DAY_COST`]'s columns summed again over the group rows and the per-GPU rows' sums.
+const SUMS: &str = "CAST(SUM(present) AS BIGINT) AS present, \
+     CAST(SUM(cost) AS DOUBLE PRECISION) AS cost, CAST(SUM(unpriced) AS BIGINT) AS unpriced";
 
 /// The days a forecast as of `now` reads: from [`inputs_from`] to `now`.
 fn inputs_window(now: DateTime<Utc>) -> Window {
@@ -67,16 +72,25 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<DayRow>> {
-        let (binds_at, union) = crate::query::window_rows(window, now);
+        // Whole days from the group rollups, except the days listed dirty and the GPU-days a
+        // change of owner splits; those and the edges from the per-GPU rows.
+        let (binds_at, union) = crate::query::dirty_window_rows(window, now, true);
         let (clause, binds) = filters.clause_with(8, "o");
+        let groups = filters.group_clause(8);
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT u.t AS t, o.team AS team, o.env AS env, g.cloud AS cloud, g.model AS model, \
-             {DAY_COST} \
-             FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
-             JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
-             WHERE g.mig_parent_uuid IS NULL{clause} \
-             GROUP BY u.t, o.team, o.env, g.cloud, g.model ORDER BY u.t"
+             SELECT t, team, env, cloud, model, {SUMS} FROM (\
+               SELECT gd.day AS t, fg.team AS team, fg.env AS env, fg.cloud AS cloud, \
+               fg.model AS model, gd.present AS present, gd.cost AS cost, \
+               gd.unpriced AS unpriced {CLEAN_DAYS}{groups} \
+               UNION ALL \
+               SELECT u.t AS t, o.team AS team, o.env AS env, g.cloud AS cloud, g.model AS model, \
+               {DAY_COST} \
+               FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+               JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
+               WHERE g.mig_parent_uuid IS NULL{clause} \
+               GROUP BY u.t, o.team, o.env, g.cloud, g.model) s \
+             GROUP BY t, team, env, cloud, model ORDER BY t"
         );
         self.fetch_window_rows(&sql, binds_at, binds)
             .await?
@@ -95,13 +109,19 @@ impl Store {
             let rows = self.forecast_days(window, filters, now).await?;
             return Ok(forecasts(&rows, GroupBy::Team, now).1);
         }
-        let (binds_at, union) = crate::query::unowned_window_rows(window, now);
+        let (binds_at, union) = crate::query::dirty_window_rows(window, now, false);
         let (clause, binds) = filters.clause(8);
+        let groups = filters.group_clause(8);
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT u.t AS t, {DAY_COST} \
-             FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
-             WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t ORDER BY u.t"
+             SELECT t, {SUMS} FROM (\
+               SELECT gd.day AS t, gd.present AS present, gd.cost AS cost, \
+               gd.unpriced AS unpriced {CLEAN_DAYS}{groups} \
+               UNION ALL \
+               SELECT u.t AS t, {DAY_COST} \
+               FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+               WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t) s \
+             GROUP BY t ORDER BY t"
         );
         let rows = self
             .fetch_window_rows(&sql, binds_at, binds)

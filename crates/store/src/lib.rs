@@ -12,6 +12,7 @@ mod billing;
 mod dash;
 mod float;
 mod forecast;
+mod groups;
 mod identity;
 mod ingest;
 mod lease;
@@ -167,6 +168,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "day_running_totals",
         include_str!("../migrations/sqlite/0015_day_running_totals.sql"),
     ),
+    (
+        16,
+        "group_rollups",
+        include_str!("../migrations/sqlite/0016_group_rollups.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -243,6 +249,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         15,
         "day_running_totals",
         include_str!("../migrations/postgres/0015_day_running_totals.sql"),
+    ),
+    (
+        16,
+        "group_rollups",
+        include_str!("../migrations/postgres/0016_group_rollups.sql"),
     ),
 ];
 
@@ -794,6 +805,11 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
+        // The hourly group rows go with the hours they sum (`crate::groups`).
+        sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour < $1"))
+            .bind(rollup_cutoff)
+            .execute(&self.pool)
+            .await?;
         let audit_cutoff =
             now_secs - self.settings.audit_retention_days * gpuledger_model::DAY_SECS;
         sqlx::query(&self.sql("DELETE FROM audit_log WHERE minute < $1"))

@@ -84,6 +84,17 @@ impl Filters {
     /// As [`Filters::clause`], with team and environment read from the owner history row
     /// aliased `owner` (owner at the time of the data) instead of the GPU's current owner.
     pub(crate) fn clause_with(&self, first: usize, owner: &str) -> (String, Vec<String>) {
+        self.clause_on(first, owner, "g")
+    }
+
+    /// As [`Filters::clause_with`], with the GPU's attributes read from the row aliased
+    /// `attrs` instead of `g`.
+    pub(crate) fn clause_on(
+        &self,
+        first: usize,
+        owner: &str,
+        attrs: &str,
+    ) -> (String, Vec<String>) {
         let mut sql = String::new();
         let mut binds = Vec::new();
         for (col, vals) in self.iter() {
@@ -100,7 +111,7 @@ impl Filters {
             let table = if matches!(col, "team" | "env") {
                 owner
             } else {
-                "g"
+                attrs
             };
             sql.push_str(&format!(" AND {table}.{col} IN ({})", marks.join(",")));
         }
@@ -686,15 +697,21 @@ pub(crate) const SPLIT_DAYS: &str = "split AS (\
 /// add up to the summary's figures. Binds `$1..$6` (returned, in order) and `$7`, the idle
 /// threshold; needs the [`SPLIT_DAYS`] CTE.
 pub(crate) fn window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
-    window_rows_of(window, now, true, None)
+    window_rows_of(window, now, true, None, false)
 }
 
-/// [`window_rows`] without the owner period (`o_from` is 0): the same rows, for sums that
-/// neither group nor filter by owner. A GPU's owner periods cover all its time (owners.rs keeps
-/// them contiguous from its first), so no row is lost by not joining them; reading each row's
-/// period is most of the cost of these rows.
-pub(crate) fn unowned_window_rows(window: Window, now: DateTime<Utc>) -> ([i64; 6], String) {
-    window_rows_of(window, now, false, None)
+/// [`window_rows`] with the whole days limited to those listed in `group_dirty`: what the group
+/// rollups (`crate::groups`) do not answer. The split GPU-days and the edges are all there, as
+/// the group rows leave them out. Without `owned`, the rows carry no owner period (`o_from` is
+/// 0), for sums that neither group nor filter by owner: a GPU's owner periods cover all its
+/// time (owners.rs keeps them contiguous from its first), so no row is lost by not joining
+/// them, and reading each row's period is most of the cost of these rows.
+pub(crate) fn dirty_window_rows(
+    window: Window,
+    now: DateTime<Utc>,
+    owned: bool,
+) -> ([i64; 6], String) {
+    window_rows_of(window, now, owned, None, true)
 }
 
 /// [`window_rows`] of only the GPUs in the CTE `only` (a column `gpu_id`), read GPU by GPU
@@ -704,7 +721,7 @@ pub(crate) fn window_rows_of_only(
     now: DateTime<Utc>,
     only: &str,
 ) -> ([i64; 6], String) {
-    window_rows_of(window, now, true, Some(only))
+    window_rows_of(window, now, true, Some(only), false)
 }
 
 /// One row per hour of `gpu_hours h` (read `FROM {from}`, where `{range}`), with the columns of
@@ -750,8 +767,8 @@ fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
     ]
 }
 
-/// [`unowned_window_rows`] of the GPUs in the CTE `cover` (one owner period over the whole
-/// window, so no whole day of theirs is split): each GPU's whole days as one row, its last day
+/// [`window_rows`] without owner periods (see [`dirty_window_rows`]) of the GPUs in the CTE
+/// `cover` (one owner period over the whole window, so no whole day of theirs is split): each GPU's whole days as one row, its last day
 /// row's running totals less its first's plus the first's own figures (two rows read per GPU
 /// however many days), and its edge hours. With `with_mem` the whole days' peak memory is
 /// read from the index by GPU (`gpu_days_gpu` carries it); without, `mem` is NULL there.
@@ -809,6 +826,7 @@ fn window_rows_of(
     now: DateTime<Utc>,
     owned: bool,
     only: Option<&str>,
+    dirty_only: bool,
 ) -> ([i64; 6], String) {
     let o_from = if owned { "o.from_ts" } else { "0" };
     let drive = only.map_or(String::new(), |o| format!("{o} CROSS JOIN "));
@@ -826,13 +844,21 @@ fn window_rows_of(
         ""
     };
     let day_driven = only.map_or(String::new(), |o| format!(" AND d.gpu_id = {o}.gpu_id"));
+    let (days, day_range) = if dirty_only {
+        (
+            "group_dirty x CROSS JOIN gpu_days d",
+            "x.day >= $1 AND x.day < $2 AND d.day = x.day",
+        )
+    } else {
+        ("gpu_days d", "d.day >= $1 AND d.day < $2")
+    };
     let union = format!(
         "SELECT d.gpu_id, {o_from} AS o_from, d.day AS t, d.present_hours AS present, \
          d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
          d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, d.mem_max AS mem, \
          d.billed_hours AS b_hours, d.billed_usd AS b_usd \
-         FROM {drive}gpu_days d{day_period} \
-         WHERE d.day >= $1 AND d.day < $2{day_driven} AND NOT EXISTS (\
+         FROM {drive}{days}{day_period} \
+         WHERE {day_range}{day_driven} AND NOT EXISTS (\
            SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day) \
          UNION ALL {split_hours} UNION ALL {edge1} UNION ALL {edge2}"
     );

@@ -318,6 +318,8 @@ impl Store {
         let threshold = Some(self.settings.idle_threshold_pct);
         self.for_ids(tx, ids, lo, hi, threshold, REROLL_DAYS)
             .await?;
+        self.for_ids(tx, ids, lo, hi, None, crate::groups::MARK_DIRTY)
+            .await?;
         self.for_ids(tx, ids, lo, i64::MAX / 2, None, RUNNING_DAYS)
             .await
     }

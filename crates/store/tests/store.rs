@@ -2062,11 +2062,18 @@ impl Lcg {
     }
 }
 
-/// Property: the used-by and allocated-idle day rollups, kept as pushes arrive in any order
-/// (late samples, allocations that close later, MIG instances, shared GPUs, rate-less GPUs, a
-/// change of owner mid-day), give exactly what the allocations themselves give, for windows
-/// with whole days and edges.
-async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
+/// Windows over [`push_random_fleets`]' week: whole days, edges, one day, a few hours.
+const RANDOM_FLEET_WINDOWS: [(&str, &str); 4] = [
+    ("2026-11-25T00:00:00Z", "2026-12-02T00:00:00Z"),
+    ("2026-11-25T07:00:00Z", "2026-11-30T13:00:00Z"),
+    ("2026-11-26T00:00:00Z", "2026-11-27T00:00:00Z"),
+    ("2026-11-27T05:00:00Z", "2026-11-27T09:00:00Z"),
+];
+
+/// Four random fleets of five GPUs over the week from 2026-11-25, pushed in a shuffled order:
+/// late samples, allocations that close later, a MIG instance, shared GPUs, rate-less GPUs and
+/// a change of owner mid-day.
+async fn push_random_fleets(store: &Store) {
     let base = t("2026-11-25T00:00:00Z").timestamp();
     let at = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
     for seed in 1..=4u64 {
@@ -2143,16 +2150,19 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
             rest.swap(i, r.below(i as u64 + 1) as usize);
         }
         for b in inventory.iter().chain(&rest) {
-            let out = push(&store, &p, b).await;
+            let out = push(store, &p, b).await;
             assert!(out.rejected.is_empty(), "{:?}", out.rejected);
         }
     }
-    for (from, to) in [
-        ("2026-11-25T00:00:00Z", "2026-12-02T00:00:00Z"),
-        ("2026-11-25T07:00:00Z", "2026-11-30T13:00:00Z"),
-        ("2026-11-26T00:00:00Z", "2026-11-27T00:00:00Z"),
-        ("2026-11-27T05:00:00Z", "2026-11-27T09:00:00Z"),
-    ] {
+}
+
+/// Property: the used-by and allocated-idle day rollups, kept as pushes arrive in any order
+/// (late samples, allocations that close later, MIG instances, shared GPUs, rate-less GPUs, a
+/// change of owner mid-day), give exactly what the allocations themselves give, for windows
+/// with whole days and edges.
+async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
+    push_random_fleets(&store).await;
+    for (from, to) in RANDOM_FLEET_WINDOWS {
         let w = hours_window(from, to);
         // The daily trend without an owner filter reads no owner period; with every team
         // of the window named it reads each row's period. Both must give the same points,
@@ -2311,7 +2321,184 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
     }
 }
 
-both!(used_by_rollup_equals_recomputation_on_random_fleets);
+both!(
+    used_by_rollup_equals_recomputation_on_random_fleets,
+    group_rollups_equal_per_gpu_rows_on_random_fleets,
+);
+
+/// `a` and `b` print the same but for numbers, which may differ by a float summed in another
+/// order (relative 1e-9).
+fn assert_close_debug(a: &impl std::fmt::Debug, b: &impl std::fmt::Debug, at: &str) {
+    fn tokens(s: &str) -> Vec<(bool, String)> {
+        let mut out: Vec<(bool, String)> = Vec::new();
+        let cs: Vec<char> = s.chars().collect();
+        let mut i = 0;
+        while i < cs.len() {
+            let starts_number = cs[i].is_ascii_digit()
+                || (cs[i] == '-' && cs.get(i + 1).is_some_and(|c| c.is_ascii_digit()));
+            if starts_number {
+                let mut j = i + 1;
+                while j < cs.len()
+                    && (cs[j].is_ascii_digit()
+                        || cs[j] == '.'
+                        || cs[j] == 'e'
+                        || (cs[j] == '-' && cs[j - 1] == 'e'))
+                {
+                    j += 1;
+                }
+                out.push((true, cs[i..j].iter().collect()));
+                i = j;
+            } else {
+                let mut j = i + 1;
+                while j < cs.len() && !cs[j].is_ascii_digit() && cs[j] != '-' {
+                    j += 1;
+                }
+                out.push((false, cs[i..j].iter().collect()));
+                i = j;
+            }
+        }
+        out
+    }
+    let (sa, sb) = (format!("{a:?}"), format!("{b:?}"));
+    let (ta, tb) = (tokens(&sa), tokens(&sb));
+    let same = ta.len() == tb.len()
+        && ta.iter().zip(&tb).all(|((na, a), (nb, b))| {
+            if *na && *nb {
+                match (a.parse::<f64>(), b.parse::<f64>()) {
+                    (Ok(x), Ok(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+                    _ => a == b,
+                }
+            } else {
+                a == b
+            }
+        });
+    assert!(same, "{at}:\n{sa}\nvs\n{sb}");
+}
+
+/// Everything the group rollups answer for window `w` and `filters`: the daily and hourly
+/// trends, the heatmap, the forecast's days and the total's forecast.
+async fn group_figures(store: &Store, w: Window, filters: &Filters) -> String {
+    let daily = store.series(w, filters, true, now()).await.unwrap();
+    let hourly = store.series(w, filters, false, now()).await.unwrap();
+    let heat = store.heatmap(w, filters, now()).await.unwrap();
+    let days = store.forecast_days(w, filters, now()).await.unwrap();
+    let total = store.forecast_total(filters, now()).await.unwrap();
+    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}")
+}
+
+/// The filters the group rollups are checked under: none, owner teams (one of them the team
+/// a GPU moves to mid-day), an environment, attributes and a mix.
+fn group_filters() -> Vec<Filters> {
+    let f = |k: &str, v: &[&str]| {
+        let mut f = Filters::default();
+        *f.values_mut(k).unwrap() = v.iter().map(|s| s.to_string()).collect();
+        f
+    };
+    let mut mixed = f("team", &["vision", "unassigned"]);
+    mixed.model = vec!["Tesla T4".into(), "NVIDIA A100-SXM4-40GB".into()];
+    vec![
+        Filters::default(),
+        f("team", &["vision"]),
+        f("env", &["unknown", "prod"]),
+        f("model", &["Tesla T4"]),
+        f("vendor", &["nvidia"]),
+        f("cloud", &["aws"]),
+        mixed,
+    ]
+}
+
+/// Property: the fleet-wide per-day and per-hour figures read from the group rollups equal the
+/// same figures read from the per-GPU rows (every day listed dirty), on random fleets, for
+/// whole days, edges and every filter; and after changes the refresher has not seen yet (a
+/// change of owner mid-day, a GPU's model and so its group and rate, a late sample on an old
+/// day), the days those changes touch are read from the per-GPU rows until it has.
+async fn group_rollups_equal_per_gpu_rows_on_random_fleets(store: Store) {
+    push_random_fleets(&store).await;
+    let check = |label: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut got = Vec::new();
+            for (from, to) in RANDOM_FLEET_WINDOWS {
+                for filters in group_filters() {
+                    got.push((
+                        format!("{label} {from}–{to} {filters:?}"),
+                        group_figures(&store, hours_window(from, to), &filters).await,
+                    ));
+                }
+            }
+            got
+        }
+    };
+    let compare = |a: &[(String, String)], b: &[(String, String)]| {
+        assert_eq!(a.len(), b.len());
+        for ((at, x), (_, y)) in a.iter().zip(b) {
+            assert_close_debug(&x, &y, at);
+        }
+    };
+    assert!(
+        store.dirty_group_days().await.unwrap() >= 7,
+        "pushes list their days"
+    );
+    let reference = check("per-GPU rows").await;
+    let week = hours_window(RANDOM_FLEET_WINDOWS[0].0, RANDOM_FLEET_WINDOWS[0].1);
+    let hours = |filters: Filters| {
+        let store = store.clone();
+        async move {
+            let s = store.series(week, &filters, true, now()).await.unwrap();
+            s.iter().map(|p| p.gpu_hours).sum::<i64>()
+        }
+    };
+    for filters in group_filters() {
+        let n = hours(filters.clone()).await;
+        assert!(
+            n > 0 || filters.cloud == ["aws"],
+            "{filters:?} selects hours: {n}"
+        );
+    }
+    let rebuilt = store.refresh_groups(now().timestamp()).await.unwrap();
+    assert!(rebuilt >= 7, "{rebuilt}");
+    // The fleets have no hour on `now`'s day, the one day never rebuilt.
+    assert_eq!(store.dirty_group_days().await.unwrap(), 0);
+    compare(&check("group rows").await, &reference);
+
+    // Changes behind the refresher's back: each is read from the per-GPU rows at once.
+    let before = reference;
+    let p = who("prop-1", None);
+    let g0 = "GPU-00000001-0000-0000-0000-000000000001";
+    for body in [
+        // A change of owner in the middle of an old day.
+        format!(r#"{{"gpus":[{{"uuid":"{g0}","model":"Mystery GPU","labels":{{"team":"vision"}},"observed_at":"2026-11-27T07:30:00Z"}}]}}"#),
+        // A late sample on an old day.
+        r#"{"samples":[{"gpu_uuid":"GPU-00000003-0000-0000-0000-000000000003","ts":"2026-11-26T03:10:00Z","util_pct":3}]}"#.to_string(),
+    ] {
+        let out = push(&store, &p, &body).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    }
+    // A GPU's model, so its group and its rate (the mystery model has none).
+    let g4 = "GPU-00000004-0000-0000-0000-000000000004";
+    let out = push(
+        &store,
+        &who("prop-4", None),
+        &format!(r#"{{"gpus":[{{"uuid":"{g4}","model":"Tesla T4","observed_at":"2026-12-02T11:00:00Z"}}]}}"#),
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    assert!(store.dirty_group_days().await.unwrap() > 1);
+    let pending = check("pending refresh").await;
+    store.mark_all_groups_dirty().await.unwrap();
+    let reference = check("per-GPU rows after the changes").await;
+    compare(&pending, &reference);
+    // The changes move figures the group rows held (else stale rows would pass unseen): the
+    // team the GPU moved to, the model it took, the day of the late sample.
+    for (i, ((at, x), (_, y))) in before.iter().zip(&reference).enumerate() {
+        let n = group_filters().len();
+        if matches!(i % n, 0 | 1 | 3) && i < 2 * n {
+            assert_ne!(x, y, "{at}: the changes show");
+        }
+    }
+    store.refresh_groups(now().timestamp()).await.unwrap();
+    compare(&check("group rows after the changes").await, &reference);
+}
 
 /// Regression: on PostgreSQL a cached statement first run with a NULL float (a GPU without a
 /// rate, a sample without `util_pct`) refused every later value on that connection

@@ -1,0 +1,193 @@
+//! Rollups per owner group (migration 16): per UTC day (`group_days`) and hour (`group_hours`)
+//! and group of (owner team and environment, cloud, cluster, model, vendor), what the fleet-wide
+//! per-day and per-hour figures read for the days they cover instead of one row per GPU.
+//!
+//! They are exact by construction rather than by upkeep: a day listed in `group_dirty` is read
+//! from the per-GPU rows, as if there were no group rows; [`Store::refresh_groups`] rebuilds a
+//! dirty day's group rows from the per-GPU rows and takes it off the list in one transaction.
+//! Every re-roll of day rows lists its days ([`MARK_DIRTY`]); database triggers list the days a
+//! changed group attribute, rate or owner period of a GPU, or a removed day row, touches. The
+//! day of `now` is never rebuilt: it is only ever a window's partial edge, read from its hours.
+
+use gpuledger_model::{day_floor, DAY_SECS};
+
+use crate::{Filters, Result, Store};
+
+/// List the days of GPUs `IDS`' day rows in `[$1, $2)` as dirty (run after re-rolling them).
+pub(crate) const MARK_DIRTY: &str =
+    "INSERT INTO group_dirty (day) SELECT DISTINCT day FROM gpu_days \
+     WHERE gpu_id IN (IDS) AND day >= $1 AND day < $2 ON CONFLICT (day) DO NOTHING";
+
+/// The group key of owner period `o` of GPU `g`: each value as `<length>:<value>`, `-` for
+/// none, so distinct groups never share a key.
+const GKEY: &str = "CAST(LENGTH(o.team) AS TEXT) || ':' || o.team \
+     || CAST(LENGTH(o.env) AS TEXT) || ':' || o.env \
+     || CAST(LENGTH(g.model) AS TEXT) || ':' || g.model \
+     || COALESCE(CAST(LENGTH(g.cloud) AS TEXT) || ':' || g.cloud, '-') \
+     || COALESCE(CAST(LENGTH(g.cluster) AS TEXT) || ':' || g.cluster, '-') \
+     || COALESCE(CAST(LENGTH(g.vendor) AS TEXT) || ':' || g.vendor, '-')";
+
+/// The owner periods of physical GPUs overlapping the day `[$1, $2)`.
+const PERIODS: &str = "FROM gpu_owners o JOIN gpus g ON g.id = o.gpu_id \
+     WHERE o.from_ts < $2 AND o.to_ts > $1 AND g.mig_parent_uuid IS NULL";
+
+/// Make the groups of the day `[$1, $2)`'s owner periods that are missing.
+fn new_groups_sql() -> String {
+    format!(
+        "INSERT INTO fleet_groups (gkey, team, env, cloud, cluster, model, vendor) \
+         SELECT DISTINCT {GKEY}, o.team, o.env, g.cloud, g.cluster, g.model, g.vendor \
+         {PERIODS} ON CONFLICT (gkey) DO NOTHING"
+    )
+}
+
+/// Each owner period of the day `[$1, $2)` with its group and its GPU's rate (`m`).
+fn periods_sql() -> String {
+    format!(
+        "SELECT o.gpu_id AS gpu_id, o.from_ts AS from_ts, o.to_ts AS to_ts, fg.id AS grp, \
+         g.usd_per_hour AS rate {} ",
+        PERIODS.replacen(
+            "WHERE",
+            &format!("JOIN fleet_groups fg ON fg.gkey = {GKEY} WHERE"),
+            1
+        )
+    )
+}
+
+/// The day `$1`'s group rows from its day rows, leaving out the GPU-days a change of owner
+/// splits (an owner period starting inside the day, not at its midnight).
+fn day_rows_sql() -> String {
+    format!(
+        "INSERT INTO group_days (day, grp, gpus, present, known, idle, alloc, act, cost, unpriced) \
+         SELECT d.day, m.grp, COUNT(*), SUM(d.present_hours), SUM(d.known_hours), \
+         SUM(d.idle_hours), SUM(d.allocated_hours), SUM(d.act_sum), \
+         SUM(CASE WHEN m.rate IS NULL THEN 0 ELSE d.present_hours * m.rate END), \
+         SUM(CASE WHEN m.rate IS NULL THEN d.present_hours ELSE 0 END) \
+         FROM ({}) m JOIN gpu_days d ON d.gpu_id = m.gpu_id AND d.day = $1 \
+         WHERE m.from_ts <= $1 AND m.to_ts > $1 AND NOT EXISTS (\
+           SELECT 1 FROM gpu_owners s WHERE s.gpu_id = m.gpu_id AND s.from_ts > $1 \
+           AND s.from_ts < $2) \
+         GROUP BY d.day, m.grp",
+        periods_sql()
+    )
+}
+
+/// The day `[$1, $2)`'s hourly group rows from its hour rows, each hour under its owner's
+/// group; `$3` is the idle threshold.
+fn hour_rows_sql() -> String {
+    format!(
+        "INSERT INTO group_hours (hour, grp, present, known, idle, alloc, act) \
+         SELECT h.hour, m.grp, COUNT(*), SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END), \
+         SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $3 * h.act_n THEN 1 ELSE 0 END), \
+         SUM(h.allocated), SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) \
+         FROM ({}) m JOIN gpu_hours h ON h.gpu_id = m.gpu_id AND h.hour >= $1 AND h.hour < $2 \
+         AND h.hour >= m.from_ts AND h.hour < m.to_ts \
+         GROUP BY h.hour, m.grp",
+        periods_sql()
+    )
+}
+
+/// Whole days of a window answered by the group rows: `group_days gd` of the days in
+/// `[$1, $2)` not listed dirty, joined to their group `fg` (append the filters' clause).
+pub(crate) const CLEAN_DAYS: &str = "FROM group_days gd JOIN fleet_groups fg ON fg.id = gd.grp \
+     WHERE gd.day >= $1 AND gd.day < $2 \
+     AND NOT EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = gd.day)";
+
+/// Hours of a window answered by the group rows: `group_hours gh` of the hours in the whole
+/// days `[$1, $2)` not listed dirty, joined to their group `fg` (append the filters' clause).
+pub(crate) const CLEAN_HOURS: &str = "FROM group_hours gh JOIN fleet_groups fg ON fg.id = gh.grp \
+     WHERE gh.hour >= $1 AND gh.hour < $2 \
+     AND NOT EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = gh.hour - gh.hour % 86400)";
+
+/// The hour ranges a window's per-hour figures read from the hour rows (`r.lo`, `r.hi`): its
+/// partial edge days (`$3..$4`, `$5..$6`) and its whole days in `[$1, $2)` listed dirty.
+pub(crate) const DIRTY_HOUR_RANGES: &str = "(SELECT $3 AS lo, $4 AS hi UNION ALL SELECT $5, $6 \
+     UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) r";
+
+impl Filters {
+    /// The filters' clause on the group `fg` (every key a column of it), numbered from
+    /// `first` in the order of [`Filters::clause`], so it can share that clause's binds.
+    pub(crate) fn group_clause(&self, first: usize) -> String {
+        self.clause_on(first, "fg", "fg").0
+    }
+}
+
+impl Store {
+    /// Rebuild the group rows of the dirty days before `now`'s day, newest first, each in
+    /// its own writing transaction; returns how many days were rebuilt.
+    pub async fn refresh_groups(&self, now_secs: i64) -> Result<usize> {
+        let today = day_floor(now_secs);
+        let threshold = self.settings.idle_threshold_pct;
+        let (groups, days, hours) = (
+            self.sql(&new_groups_sql()).into_owned(),
+            self.sql(&day_rows_sql()).into_owned(),
+            self.sql(&hour_rows_sql()).into_owned(),
+        );
+        let mut rebuilt = 0;
+        loop {
+            let _writer = self.write_lock.lock().await;
+            let mut tx = self.writer_tx().await?;
+            let day: Option<i64> =
+                sqlx::query_scalar(&self.sql("SELECT MAX(day) FROM group_dirty WHERE day < $1"))
+                    .bind(today)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let Some(day) = day else {
+                tx.commit().await?;
+                return Ok(rebuilt);
+            };
+            let end = day + DAY_SECS;
+            for sql in [
+                "DELETE FROM group_dirty WHERE day = $1",
+                "DELETE FROM group_days WHERE day = $1",
+            ] {
+                sqlx::query(&self.sql(sql))
+                    .bind(day)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour >= $1 AND hour < $2"))
+                .bind(day)
+                .bind(end)
+                .execute(&mut *tx)
+                .await?;
+            for sql in [&groups, &days] {
+                sqlx::query(sql)
+                    .bind(day)
+                    .bind(end)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(&hours)
+                .bind(day)
+                .bind(end)
+                .bind(threshold)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            rebuilt += 1;
+        }
+    }
+
+    /// The days listed dirty (their group rows not rebuilt since they last changed).
+    pub async fn dirty_group_days(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM group_dirty")
+            .fetch_one(self.pool())
+            .await?)
+    }
+}
+
+impl Store {
+    /// List every day with day rows as dirty, so every figure reads the per-GPU rows until the
+    /// next refresh: the reference the group rollups are tested against.
+    #[doc(hidden)]
+    pub async fn mark_all_groups_dirty(&self) -> Result<()> {
+        let _writer = self.write_lock.lock().await;
+        sqlx::query(
+            "INSERT INTO group_dirty (day) SELECT DISTINCT day FROM gpu_days WHERE true \
+             ON CONFLICT (day) DO NOTHING",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
