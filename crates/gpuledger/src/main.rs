@@ -310,22 +310,9 @@ async fn reload(
 }
 
 /// Prune past retention every hour while serving, and rebuild the group rollups of the days
-/// changed since (`Store::refresh_groups`) every ten seconds: until then the pages read those
-/// days from the per-GPU rows, exact but slower at scale.
+/// changed since (see [`refresh_groups`]).
 fn spawn_maintenance(store: Store) {
-    let groups = store.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match groups.refresh_groups(chrono::Utc::now().timestamp()).await {
-                Ok(0) => {}
-                Ok(days) => tracing::debug!(days, "rebuilt the group rollups of changed days"),
-                Err(e) => tracing::warn!(error = %e, "rebuilding group rollups failed; will retry"),
-            }
-        }
-    });
+    tokio::spawn(refresh_groups(store.clone()));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
         loop {
@@ -339,6 +326,55 @@ fn spawn_maintenance(store: Store) {
             }
         }
     });
+}
+
+/// Rebuild the group rollups of the past days listed as changed (`Store::refresh_groups`):
+/// looked for every ten seconds, newest day first. Until a day is rebuilt the pages read it
+/// from the per-GPU rows, with the same figures, so the pace only trades page speed against
+/// writer time: a day rebuilt within the last minute waits (a day that keeps changing, such as
+/// yesterday while late data arrives, is rebuilt at most once a minute), and after each
+/// rebuild the loop rests nine times as long as it took, so rebuilding holds the one writer
+/// at most a tenth of the time however much changes.
+async fn refresh_groups(store: Store) {
+    use std::time::{Duration, Instant};
+    let mut rebuilt: std::collections::HashMap<i64, Instant> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        rebuilt.retain(|_, at| at.elapsed() < Duration::from_secs(60));
+        let days = match store
+            .dirty_group_days_before(chrono::Utc::now().timestamp())
+            .await
+        {
+            Ok(days) => days,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing changed days failed; will retry");
+                continue;
+            }
+        };
+        for day in days {
+            if rebuilt.contains_key(&day) {
+                continue;
+            }
+            let started = Instant::now();
+            match store.refresh_group_day(day).await {
+                Ok(_) => {
+                    rebuilt.insert(day, Instant::now());
+                    tracing::debug!(
+                        day,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "rebuilt a day's group rollups"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, day, "rebuilding a day's group rollups failed; will retry");
+                    break;
+                }
+            }
+            tokio::time::sleep(started.elapsed() * 9).await;
+        }
+    }
 }
 
 /// Notification rounds every `every_secs`, in the one replica that holds the lease (so a

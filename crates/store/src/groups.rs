@@ -8,6 +8,8 @@
 //! Every re-roll of day rows lists its days ([`MARK_DIRTY`]); database triggers list the days a
 //! changed group attribute, rate or owner period of a GPU, or a removed day row, touches. The
 //! day of `now` is never rebuilt: it is only ever a window's partial edge, read from its hours.
+//! How often a day is rebuilt is the caller's choice (`serve` paces it, see its maintenance);
+//! it changes how fast the pages are, never what they show.
 
 use gpuledger_model::{day_floor, DAY_SECS};
 
@@ -112,60 +114,65 @@ impl Filters {
 }
 
 impl Store {
-    /// Rebuild the group rows of the dirty days before `now`'s day, newest first, each in
+    /// Rebuild the group rows of every dirty day before `now`'s day, newest first, each in
     /// its own writing transaction; returns how many days were rebuilt.
     pub async fn refresh_groups(&self, now_secs: i64) -> Result<usize> {
-        let today = day_floor(now_secs);
-        let threshold = self.settings.idle_threshold_pct;
-        let (groups, days, hours) = (
-            self.sql(&new_groups_sql()).into_owned(),
-            self.sql(&day_rows_sql()).into_owned(),
-            self.sql(&hour_rows_sql()).into_owned(),
-        );
         let mut rebuilt = 0;
-        loop {
-            let _writer = self.write_lock.lock().await;
-            let mut tx = self.writer_tx().await?;
-            let day: Option<i64> =
-                sqlx::query_scalar(&self.sql("SELECT MAX(day) FROM group_dirty WHERE day < $1"))
-                    .bind(today)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let Some(day) = day else {
-                tx.commit().await?;
-                return Ok(rebuilt);
-            };
-            let end = day + DAY_SECS;
-            for sql in [
-                "DELETE FROM group_dirty WHERE day = $1",
-                "DELETE FROM group_days WHERE day = $1",
-            ] {
-                sqlx::query(&self.sql(sql))
-                    .bind(day)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour >= $1 AND hour < $2"))
-                .bind(day)
-                .bind(end)
-                .execute(&mut *tx)
-                .await?;
-            for sql in [&groups, &days] {
-                sqlx::query(sql)
-                    .bind(day)
-                    .bind(end)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            sqlx::query(&hours)
-                .bind(day)
-                .bind(end)
-                .bind(threshold)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            rebuilt += 1;
+        for day in self.dirty_group_days_before(now_secs).await? {
+            rebuilt += usize::from(self.refresh_group_day(day).await?);
         }
+        Ok(rebuilt)
+    }
+
+    /// The days listed dirty before `now`'s day (the one never rebuilt), newest first.
+    pub async fn dirty_group_days_before(&self, now_secs: i64) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
+            &self.sql("SELECT day FROM group_dirty WHERE day < $1 ORDER BY day DESC"),
+        )
+        .bind(day_floor(now_secs))
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Rebuild day `day`'s group rows from its per-GPU rows and take it off the dirty list,
+    /// in one writing transaction; `false` when it was not listed (nothing to do).
+    pub async fn refresh_group_day(&self, day: i64) -> Result<bool> {
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.writer_tx().await?;
+        let listed = sqlx::query(&self.sql("DELETE FROM group_dirty WHERE day = $1"))
+            .bind(day)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if listed == 0 {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        let end = day + DAY_SECS;
+        sqlx::query(&self.sql("DELETE FROM group_days WHERE day = $1"))
+            .bind(day)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour >= $1 AND hour < $2"))
+            .bind(day)
+            .bind(end)
+            .execute(&mut *tx)
+            .await?;
+        for sql in [new_groups_sql(), day_rows_sql()] {
+            sqlx::query(&self.sql(&sql))
+                .bind(day)
+                .bind(end)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(&self.sql(&hour_rows_sql()))
+            .bind(day)
+            .bind(end)
+            .bind(self.settings.idle_threshold_pct)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The days listed dirty (their group rows not rebuilt since they last changed).

@@ -748,9 +748,9 @@ impl Store {
         let _writer = self.write_lock.lock().await;
         let sqls: &[&str] = match self.backend {
             Backend::Postgres => &[
-                "VACUUM (ANALYZE) gpus, sources",
+                "VACUUM (ANALYZE) gpus, sources, group_dirty",
                 "ANALYZE gpu_hours, gpu_days, gpu_day_use, gpu_day_idle, gpu_owners, \
-                 allocations, samples",
+                 allocations, samples, group_days, group_hours, fleet_groups",
             ],
             Backend::Sqlite => &["PRAGMA optimize"],
         };
@@ -768,7 +768,8 @@ impl Store {
             let _writer = self.write_lock.lock().await;
             sqlx::query(
                 "VACUUM (ANALYZE) gpus, sources, gpu_hours, gpu_days, gpu_day_use, \
-                 gpu_day_idle, gpu_owners, allocations, samples",
+                 gpu_day_idle, gpu_owners, allocations, samples, group_days, group_hours, \
+                 fleet_groups, group_dirty",
             )
             .execute(&self.pool)
             .await?;
@@ -821,7 +822,15 @@ impl Store {
             .bind(audit_cutoff)
             .execute(&self.pool)
             .await?;
-        for table in ["gpu_days", "gpu_day_use", "gpu_day_idle"] {
+        // The day group rows and the days listed for their rebuild go with the day rows (after
+        // them: removing day rows lists their days).
+        for table in [
+            "gpu_days",
+            "gpu_day_use",
+            "gpu_day_idle",
+            "group_days",
+            "group_dirty",
+        ] {
             sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE day < $1")))
                 .bind(rollup_cutoff)
                 .execute(&self.pool)

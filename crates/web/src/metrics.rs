@@ -96,6 +96,7 @@ pub struct Metrics {
     source_ok: Family<SourceLabels, Gauge>,
     source_gpus: Family<SourceLabels, Gauge>,
     pool: Family<PoolLabels, Gauge>,
+    group_days_pending: Gauge,
     team_gpus: Family<TeamLabels, Gauge>,
     team_idle_cost: Family<TeamLabels, Usd>,
     team_alloc_idle_cost: Family<TeamLabels, Usd>,
@@ -172,6 +173,14 @@ impl Default for Metrics {
             "Database connections by state (idle, busy)",
             pool.clone(),
         );
+        let group_days_pending = Gauge::default();
+        registry.register(
+            "group_days_pending",
+            "Past days whose group rollups await their rebuild (the trends, heatmap and \
+             forecasts read those days from the per-GPU rows until then: the same figures, \
+             slower at scale)",
+            group_days_pending.clone(),
+        );
         let team_gpus = Family::<TeamLabels, Gauge>::default();
         registry.register(
             "team_gpus",
@@ -207,6 +216,7 @@ impl Default for Metrics {
             source_ok,
             source_gpus,
             pool,
+            group_days_pending,
             scrape: Mutex::new(()),
         }
     }
@@ -342,6 +352,10 @@ pub async fn serve(State(state): State<AppState>) -> Response {
         Ok(s) => s.groups,
         Err(e) => return crate::error(axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    let pending = match state.store.dirty_group_days_before(now.timestamp()).await {
+        Ok(days) => days.len() as i64,
+        Err(e) => return crate::error(axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
     let (size, idle) = state.store.pool_stats();
     let m = &state.metrics;
     let mut text = String::new();
@@ -373,6 +387,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
                 .get_or_create(&labels)
                 .set(g.allocated_idle_cost_usd);
         }
+        m.group_days_pending.set(pending);
         let busy = i64::from(size).saturating_sub(idle as i64).max(0);
         m.pool
             .get_or_create(&PoolLabels {

@@ -120,6 +120,36 @@ async fn metrics_count_pushes_records_requests_and_sources() {
     );
     assert!(v(r#"gpuledger_source_lag_seconds{source="cron",kind="push"}"#) < 60.0);
     assert!(v(r#"gpuledger_db_pool_connections{state="idle"}"#) >= 0.0);
+    // Only past days wait for their group rollups' rebuild: the pushed sample's day is today
+    // (yesterday, a minute after midnight). A late sample lists its day; the rebuild takes it
+    // off.
+    let past = f64::from(u8::from(now.date_naive() < Utc::now().date_naive()));
+    assert_eq!(v("gpuledger_group_days_pending"), past);
+    let late = serde_json::json!({
+        "samples": [{"gpu_uuid": uuid, "ts": now - Duration::days(3), "util_pct": 5.0}],
+    });
+    let resp = client
+        .post(format!("{base}/api/v1/ingest"))
+        .bearer_auth(&token)
+        .json(&late)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let pending = || async {
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        value(&text, "gpuledger_group_days_pending").unwrap()
+    };
+    assert_eq!(pending().await, past + 1.0);
+    store.refresh_groups(Utc::now().timestamp()).await.unwrap();
+    assert_eq!(pending().await, 0.0);
     // The teams' week, as the summary gives it: the pushed GPU has no owner.
     assert_eq!(v(r#"gpuledger_team_gpus{team="unowned"}"#), 1.0);
     assert!(text.contains("# TYPE gpuledger_team_idle_cost_usd gauge"));
