@@ -568,9 +568,16 @@ impl Store {
     /// process); on PostgreSQL the transaction also takes an advisory lock held until it ends,
     /// so the writers of several replicas on one database take turns as one process's do.
     /// (Two pushes for the same GPU already wait on its row; writes that share no row, such
-    /// as re-rolls of different GPUs' days and owner changes, did not.)
+    /// as re-rolls of different GPUs' days and owner changes, did not.) On SQLite it begins
+    /// `IMMEDIATE`, taking the database's write lock at once: a transaction that read first
+    /// and wrote later would fail ("database is locked", 517) whenever a write outside
+    /// `write_lock` (a token's last use, a lease) committed in between, while one that holds
+    /// the lock makes those writes wait (`busy_timeout`).
     pub(crate) async fn writer_tx(&self) -> Result<sqlx::Transaction<'_, sqlx::Any>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        };
         if self.backend == Backend::Postgres {
             sqlx::query(
                 "SELECT pg_advisory_xact_lock(hashtext('gpuledger writers ' || current_schema()))",
