@@ -96,7 +96,7 @@ pub struct Metrics {
     source_ok: Family<SourceLabels, Gauge>,
     source_gpus: Family<SourceLabels, Gauge>,
     pool: Family<PoolLabels, Gauge>,
-    group_days_pending: Gauge,
+    group_rollup_backlog: Gauge,
     team_gpus: Family<TeamLabels, Gauge>,
     team_idle_cost: Family<TeamLabels, Usd>,
     team_alloc_idle_cost: Family<TeamLabels, Usd>,
@@ -173,13 +173,13 @@ impl Default for Metrics {
             "Database connections by state (idle, busy)",
             pool.clone(),
         );
-        let group_days_pending = Gauge::default();
+        let group_rollup_backlog = Gauge::default();
         registry.register(
-            "group_days_pending",
+            "group_rollup_backlog",
             "Past days whose group rollups await their rebuild (the trends, heatmap and \
              forecasts read those days from the per-GPU rows until then: the same figures, \
              slower at scale)",
-            group_days_pending.clone(),
+            group_rollup_backlog.clone(),
         );
         let team_gpus = Family::<TeamLabels, Gauge>::default();
         registry.register(
@@ -216,7 +216,7 @@ impl Default for Metrics {
             source_ok,
             source_gpus,
             pool,
-            group_days_pending,
+            group_rollup_backlog,
             scrape: Mutex::new(()),
         }
     }
@@ -387,7 +387,7 @@ pub async fn serve(State(state): State<AppState>) -> Response {
                 .get_or_create(&labels)
                 .set(g.allocated_idle_cost_usd);
         }
-        m.group_days_pending.set(pending);
+        m.group_rollup_backlog.set(pending);
         let busy = i64::from(size).saturating_sub(idle as i64).max(0);
         m.pool
             .get_or_create(&PoolLabels {

@@ -124,7 +124,7 @@ async fn metrics_count_pushes_records_requests_and_sources() {
     // (yesterday, a minute after midnight). A late sample lists its day; the rebuild takes it
     // off.
     let past = f64::from(u8::from(now.date_naive() < Utc::now().date_naive()));
-    assert_eq!(v("gpuledger_group_days_pending"), past);
+    assert_eq!(v("gpuledger_group_rollup_backlog"), past);
     let late = serde_json::json!({
         "samples": [{"gpu_uuid": uuid, "ts": now - Duration::days(3), "util_pct": 5.0}],
     });
@@ -145,7 +145,7 @@ async fn metrics_count_pushes_records_requests_and_sources() {
             .text()
             .await
             .unwrap();
-        value(&text, "gpuledger_group_days_pending").unwrap()
+        value(&text, "gpuledger_group_rollup_backlog").unwrap()
     };
     assert_eq!(pending().await, past + 1.0);
     store.refresh_groups(Utc::now().timestamp()).await.unwrap();
