@@ -51,6 +51,13 @@ fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
     })
 }
 
+/// A series point's columns summed per bucket `t` over the group rows' and the per-GPU rows'
+/// sums (a subquery of columns named as [`point`] reads them).
+const POINT_SUMS: &str = "SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, \
+     CAST(SUM(present) AS BIGINT) AS present, CAST(SUM(busy) AS BIGINT) AS busy, \
+     CAST(SUM(idle) AS BIGINT) AS idle, CAST(SUM(known) AS BIGINT) AS known, \
+     CAST(SUM(alloc) AS BIGINT) AS alloc, CAST(SUM(act) AS DOUBLE PRECISION) AS act";
+
 /// The binds `$1..$6` of the per-hour figures: the window's whole days (`$1..$2`) and its
 /// partial edge days (`$3..$4`, `$5..$6`), as [`DIRTY_HOUR_RANGES`] and [`CLEAN_HOURS`] take them.
 fn hour_binds(window: Window, now: DateTime<Utc>) -> [i64; 6] {
@@ -108,10 +115,7 @@ impl Store {
         let (join, clause, binds) = self.owned_clause(filters, 8, "h.gpu_id", "h.hour");
         let groups = filters.group_clause(8);
         let sql = format!(
-            "SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, CAST(SUM(present) AS BIGINT) AS present, \
-             CAST(SUM(busy) AS BIGINT) AS busy, CAST(SUM(idle) AS BIGINT) AS idle, \
-             CAST(SUM(known) AS BIGINT) AS known, CAST(SUM(alloc) AS BIGINT) AS alloc, \
-             CAST(SUM(act) AS DOUBLE PRECISION) AS act FROM (\
+            "{POINT_SUMS} FROM (\
                SELECT gh.hour AS t, gh.present AS gpus, gh.present AS present, \
                gh.known - gh.idle AS busy, gh.idle AS idle, gh.known AS known, \
                gh.alloc AS alloc, gh.act AS act {CLEAN_HOURS}{groups} \
@@ -166,10 +170,7 @@ impl Store {
         };
         let sql = format!(
             "WITH {SPLIT_DAYS} \
-             SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, CAST(SUM(present) AS BIGINT) AS present, \
-             CAST(SUM(busy) AS BIGINT) AS busy, CAST(SUM(idle) AS BIGINT) AS idle, \
-             CAST(SUM(known) AS BIGINT) AS known, CAST(SUM(alloc) AS BIGINT) AS alloc, \
-             CAST(SUM(act) AS DOUBLE PRECISION) AS act FROM (\
+             {POINT_SUMS} FROM (\
                SELECT gd.day AS t, gd.gpus AS gpus, gd.present AS present, \
                gd.known - gd.idle AS busy, gd.idle AS idle, gd.known AS known, \
                gd.alloc AS alloc, gd.act AS act {CLEAN_DAYS}{groups} \
