@@ -8,6 +8,7 @@ use sqlx::Row;
 
 pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
+use gpuledger_model::DAY_SECS;
 
 use crate::groups::{CLEAN_DAYS, CLEAN_HOURS, DIRTY_HOUR_RANGES};
 use crate::query::{Window, HELD_IDLE, SPLIT_DAYS};
@@ -298,7 +299,15 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let ((d_lo, d_hi), edges) = crate::query::whole_days(lo, hi);
+        let ((d_lo, d_hi), [e1, e2]) = crate::query::whole_days(lo, hi);
+        // An edge day may be its day rows less the day's shares outside the window
+        // (`edges_by_day_of`): then the day rows' span takes it in.
+        let (first, last) = crate::query::edges_by_day_of(
+            [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1],
+            window.to >= now.timestamp(),
+        );
+        let day_lo = if first { d_lo - DAY_SECS } else { d_lo };
+        let day_hi = if last { d_hi + DAY_SECS } else { d_hi };
         let (clause, binds) = filters.clause_with(3, "o");
         let sql = format!(
             "SELECT d.workload, MIN(d.kind) AS kind, d.team AS used_by, o.team AS owner, \
@@ -309,7 +318,10 @@ impl Store {
              GROUP BY d.workload, d.team, o.team, d.gpu_id, g.usd_per_hour"
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false).bind(d_lo).bind(d_hi);
+        let mut q = sqlx::query(&sql)
+            .persistent(false)
+            .bind(day_lo)
+            .bind(day_hi);
         for b in &binds {
             q = q.bind(b.clone());
         }
@@ -319,10 +331,30 @@ impl Store {
             .iter()
             .map(idle_share)
             .collect::<Result<_>>()?;
-        for (e_lo, e_hi) in edges {
-            if e_lo < e_hi {
+        let mut outside = Vec::new();
+        for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
+            [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
+        {
+            if by_day {
+                outside.extend(self.idle_shares_unrolled(o_lo, o_hi, filters).await?);
+            } else if e_lo < e_hi {
                 shares.extend(self.idle_shares_unrolled(e_lo, e_hi, filters).await?);
             }
+        }
+        if !outside.is_empty() {
+            shares = crate::query::less_outside(
+                shares,
+                outside,
+                |s| {
+                    (
+                        s.workload.clone(),
+                        s.used_by.clone(),
+                        s.owner.clone(),
+                        s.gpu_id,
+                    )
+                },
+                |s| &mut s.hours,
+            );
         }
         Ok(gpuledger_ledger::waste::idle_workloads(&shares))
     }

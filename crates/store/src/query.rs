@@ -453,7 +453,8 @@ impl Store {
         let rows = format!(
             "SELECT a.gpu_id, c.from_ts AS o_from, a.present, a.known, a.idle, a.alloc, \
              a.alloc_idle, a.act, a.mem, a.b_hours, a.b_usd \
-             FROM (SELECT gpu_id, {WINDOW_SUMS} FROM ({unowned}) u GROUP BY gpu_id) a \
+             FROM (SELECT gpu_id, {WINDOW_SUMS} FROM ({unowned}) u GROUP BY gpu_id \
+               HAVING SUM(present) > 0) a \
              JOIN cover c ON c.gpu_id = a.gpu_id \
              UNION ALL SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({changed}) u \
              GROUP BY gpu_id, o_from"
@@ -768,10 +769,23 @@ fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
 }
 
 /// [`window_rows`] without owner periods (see [`dirty_window_rows`]) of the GPUs in the CTE
-/// `cover` (one owner period over the whole window, so no whole day of theirs is split): each GPU's whole days as one row, its last day
-/// row's running totals less its first's plus the first's own figures (two rows read per GPU
-/// however many days), and its edge hours. With `with_mem` the whole days' peak memory is
-/// read from the index by GPU (`gpu_days_gpu` carries it); without, `mem` is NULL there.
+/// `cover` (one owner period over the whole window, so no whole day of theirs is split): each
+/// GPU's whole days as one row, its last day row's running totals less its first's plus the
+/// first's own figures (two rows read per GPU however many days), and its edge hours.
+///
+/// An edge day may instead be read as its day row (taken into the running totals' span) less
+/// the hours of that day outside the window, as rows of negated figures: what a day row holds
+/// is the sum of its hour rows (both are re-rolled in the same transaction and pruned at the
+/// same day), so the difference is exact. That is done where those hours are fewer
+/// ([`edges_by_day`]): for the last edge of a window that ends now, the rest of today holds
+/// only the hours ahead of the clock, so today costs a day row and a row or two per GPU
+/// instead of one row per hour so far. A GPU whose rows all fell outside the window sums to no
+/// present hour and is left out, as it was never read before.
+///
+/// With `with_mem` the whole days' peak memory is read from the index by GPU (`gpu_days_gpu`
+/// carries it) and both edges from their hours: a maximum cannot be subtracted, and the
+/// hours ahead of the clock, which nearly every GPU has, would send each GPU's peak of the
+/// last edge to its hours one by one (slower than the scan by hour). Without, `mem` is NULL.
 pub(crate) fn running_window_rows(
     window: Window,
     now: DateTime<Utc>,
@@ -779,10 +793,17 @@ pub(crate) fn running_window_rows(
 ) -> ([i64; 6], String) {
     let binds = window_binds(window, now);
     let [edge1, edge2] = edge_rows(false, None);
+    let (first_by_day, last_by_day) = if with_mem {
+        (false, false)
+    } else {
+        edges_by_day(window, now)
+    };
+    let lo = if first_by_day { "($1 - 86400)" } else { "$1" };
+    let hi = if last_by_day { "($2 + 86400)" } else { "$2" };
     let first_last = |dir: &str| {
         format!(
-            "(SELECT d.day FROM gpu_days d WHERE d.gpu_id = c.gpu_id AND d.day >= $1 \
-             AND d.day < $2 ORDER BY d.day {dir} LIMIT 1)"
+            "(SELECT d.day FROM gpu_days d WHERE d.gpu_id = c.gpu_id AND d.day >= {lo} \
+             AND d.day < {hi} ORDER BY d.day {dir} LIMIT 1)"
         )
     };
     let (first, last) = (first_last("ASC"), first_last("DESC"));
@@ -793,15 +814,14 @@ pub(crate) fn running_window_rows(
     } else {
         "CAST(NULL AS DOUBLE PRECISION)"
     };
-    let union = format!(
+    let mut union = format!(
         "SELECT a.gpu_id, 0 AS o_from, 0 AS t, {} AS present, {} AS known, {} AS idle, \
          {} AS alloc, {} AS alloc_idle, {} AS act, f.mem AS mem, \
          {} AS b_hours, {} AS b_usd \
          FROM (SELECT c.gpu_id, {first} AS lo_day, {last} AS hi_day, {mem} AS mem \
            FROM cover c) f \
          JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
-         JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day \
-         UNION ALL {edge1} UNION ALL {edge2}",
+         JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day",
         run("present_hours", "run_present"),
         run("known_hours", "run_known"),
         run("idle_hours", "run_idle"),
@@ -811,7 +831,122 @@ pub(crate) fn running_window_rows(
         run("billed_hours", "run_b_hours"),
         run("billed_usd", "run_b_usd"),
     );
+    if first_by_day {
+        union.push_str(&format!(
+            " UNION ALL {}",
+            negated_hour_rows("h.hour >= $1 - 86400 AND h.hour < $3")
+        ));
+    } else {
+        union.push_str(&format!(" UNION ALL {edge1}"));
+    }
+    if last_by_day {
+        union.push_str(&format!(
+            " UNION ALL {}",
+            negated_hour_rows("h.hour >= $6 AND h.hour < $2 + 86400")
+        ));
+    } else {
+        union.push_str(&format!(" UNION ALL {edge2}"));
+    }
     (binds, union)
+}
+
+/// Which edge days of a window to read as their day row less the hours of that day outside
+/// the window (see [`running_window_rows`]): an edge longer than half a day, whose outside
+/// hours are fewer, and the last edge of a window that ends now, whose outside hours are only
+/// those ahead of the clock (a GPU counts as present for the stale window after its last
+/// sample). Only windows with whole days between their edges: a window within a day or two is
+/// all edges.
+fn edges_by_day(window: Window, now: DateTime<Utc>) -> (bool, bool) {
+    edges_by_day_of(window_binds(window, now), window.to >= now.timestamp())
+}
+
+/// [`edges_by_day`] of a window's binds ([`window_binds`]) and whether it ends now.
+pub(crate) fn edges_by_day_of(binds: [i64; 6], ends_now: bool) -> (bool, bool) {
+    let [d_lo, d_hi, e1_lo, e1_hi, e2_lo, e2_hi] = binds;
+    if d_lo >= d_hi {
+        return (false, false);
+    }
+    let long = |lo: i64, hi: i64| lo < hi && hi - lo > DAY_SECS / 2;
+    (
+        long(e1_lo, e1_hi),
+        e2_lo < e2_hi && (ends_now || long(e2_lo, e2_hi)),
+    )
+}
+
+/// One row per GPU (physical or MIG) for the edge day `day` of a window: its day row less its
+/// hour rows where `{range}` (the day's hours outside the window), as [`window_rows`]' columns
+/// with the bucket `t` = `day`, no owner period and no peak memory. GPUs left with no present
+/// hour are left out: none of their hours was in the window.
+fn net_day_rows(day: &str, range: &str) -> String {
+    format!(
+        "SELECT e.gpu_id, 0 AS o_from, {day} AS t, {WINDOW_SUMS} FROM (\
+           SELECT d.gpu_id, 0 AS o_from, 0 AS t, d.present_hours AS present, \
+           d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
+           d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, \
+           CAST(NULL AS DOUBLE PRECISION) AS mem, d.billed_hours AS b_hours, \
+           d.billed_usd AS b_usd FROM gpu_days d WHERE d.day = {day} \
+           UNION ALL {}) e GROUP BY e.gpu_id HAVING SUM(e.present) > 0",
+        negated_hour_rows(range)
+    )
+}
+
+/// Every GPU's present hours in a window of binds `$1..$6` ([`window_binds`]), as
+/// `(gpu_id, hours)`: whole days from the day rows' running totals (two rows per GPU, however
+/// many days), the edges from their hours or, where [`edges_by_day_of`] says so, as their day
+/// row less the day's hours outside the window. GPUs with none are left out.
+fn running_present_rows(binds: [i64; 6], ends_now: bool) -> String {
+    let (first_by_day, last_by_day) = edges_by_day_of(binds, ends_now);
+    let lo = if first_by_day { "($1 - 86400)" } else { "$1" };
+    let hi = if last_by_day { "($2 + 86400)" } else { "$2" };
+    let first_last = |dir: &str| {
+        format!(
+            "(SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.day >= {lo} \
+             AND d.day < {hi} ORDER BY d.day {dir} LIMIT 1)"
+        )
+    };
+    let edge = |by_day: bool, outside: &str, inside: &str| {
+        if by_day {
+            format!("SELECT h.gpu_id, -1 FROM gpu_hours h WHERE {outside}")
+        } else {
+            format!("SELECT h.gpu_id, 1 FROM gpu_hours h WHERE {inside}")
+        }
+    };
+    format!(
+        "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
+           SELECT f.gpu_id, z.run_present - a.run_present + a.present_hours AS n \
+           FROM (SELECT g.id AS gpu_id, {} AS lo_day, {} AS hi_day FROM gpus g) f \
+           JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
+           JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day \
+           UNION ALL {} UNION ALL {}\
+         ) p GROUP BY gpu_id HAVING SUM(n) > 0",
+        first_last("ASC"),
+        first_last("DESC"),
+        edge(
+            first_by_day,
+            "h.hour >= $1 - 86400 AND h.hour < $3",
+            "h.hour >= $3 AND h.hour < $4"
+        ),
+        edge(
+            last_by_day,
+            "h.hour >= $6 AND h.hour < $2 + 86400",
+            "h.hour >= $5 AND h.hour < $6"
+        ),
+    )
+}
+
+/// The hour rows of `gpu_hours h` where `{range}` with every figure negated and no peak
+/// memory: the part of an edge day's row outside the window, taken back off it.
+fn negated_hour_rows(range: &str) -> String {
+    format!(
+        "SELECT h.gpu_id, 0 AS o_from, 0, -1, \
+         -(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END), \
+         -(CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END), -h.allocated, \
+         -(CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END), \
+         -(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END), \
+         CAST(NULL AS DOUBLE PRECISION), \
+         -(CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END), -COALESCE(h.billed_usd, 0) \
+         FROM gpu_hours h WHERE {range}"
+    )
 }
 
 /// The binds `$1..$6` of [`window_rows`]: the window's whole days, then its two edges.
@@ -830,7 +965,18 @@ fn window_rows_of(
 ) -> ([i64; 6], String) {
     let o_from = if owned { "o.from_ts" } else { "0" };
     let drive = only.map_or(String::new(), |o| format!("{o} CROSS JOIN "));
-    let [edge1, edge2] = edge_rows(owned, only);
+    let [mut edge1, mut edge2] = edge_rows(owned, only);
+    // Sums per day over every GPU, without owner periods (the rollups' readers): an edge day
+    // may be its day rows less the hours outside the window ([`edges_by_day`]).
+    if dirty_only && !owned && only.is_none() {
+        let (first, last) = edges_by_day(window, now);
+        if first {
+            edge1 = net_day_rows("($1 - 86400)", "h.hour >= $1 - 86400 AND h.hour < $3");
+        }
+        if last {
+            edge2 = net_day_rows("$5", "h.hour >= $6 AND h.hour < $5 + 86400");
+        }
+    }
     let split_hours = hour_rows(
         owned,
         only,
@@ -920,34 +1066,56 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let (rates, present) = self.used_by_inputs(lo, hi, filters).await?;
+        let ends_now = window.to >= now.timestamp();
+        let (rates, present) = self.used_by_inputs(lo, hi, filters, Some(ends_now)).await?;
         // Whole days from the day rollup; the partial days at the window's edges from the
-        // allocations and hours themselves.
-        let (days, edges) = whole_days(lo, hi);
+        // allocations and hours themselves, or as their day rows less the day's shares outside
+        // the window ([`edges_by_day_of`]).
+        let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
+        let (first, last) = edges_by_day_of([d_lo, d_hi, e1.0, e1.1, e2.0, e2.1], ends_now);
+        let day_lo = if first { d_lo - DAY_SECS } else { d_lo };
+        let day_hi = if last { d_hi + DAY_SECS } else { d_hi };
         let rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) FROM gpu_day_use \
              WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
         ))
-        .bind(days.0)
-        .bind(days.1)
+        .bind(day_lo)
+        .bind(day_hi)
         .fetch_all(self.pool())
         .await?;
         let mut shares: Vec<HeldShare> = rows.into_iter().map(held_share).collect();
-        for (e_lo, e_hi) in edges {
-            if e_lo < e_hi {
+        let mut outside = Vec::new();
+        for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
+            [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
+        {
+            if by_day {
+                outside.extend(self.held_shares(o_lo, o_hi).await?);
+            } else if e_lo < e_hi {
                 shares.extend(self.held_shares(e_lo, e_hi).await?);
             }
+        }
+        if !outside.is_empty() {
+            shares = less_outside(
+                shares,
+                outside,
+                |s| (s.gpu_id, s.team.clone()),
+                |s| &mut s.gpu_hours,
+            );
         }
         Ok(split(&rates, &shares, &present))
     }
 
     /// The rates of the physical GPUs matching `filters` and every GPU's present hours in
-    /// `[lo, hi)` (whole days from the day rollups, the edges from the hours).
+    /// `[lo, hi)`. With `ends_now` (whether the window ends now), whole days from the day rows'
+    /// running totals (two rows per GPU) and the edges as [`running_window_rows`] reads them;
+    /// without, the plain way, one day row per GPU and day and the edges' hours: the reference
+    /// the property tests hold the fast way to.
     async fn used_by_inputs(
         &self,
         lo: i64,
         hi: i64,
         filters: &Filters,
+        ends_now: Option<bool>,
     ) -> Result<(HashMap<i64, Option<f64>>, Vec<(i64, i64)>)> {
         let (clause, binds) = filters.clause(1);
         let sql = format!(
@@ -961,21 +1129,22 @@ impl Store {
         let rates: HashMap<i64, Option<f64>> =
             q.fetch_all(self.pool()).await?.into_iter().collect();
         let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
-        let present: Vec<(i64, i64)> = sqlx::query_as(&self.sql(
-            "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
+        let binds = [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1];
+        let sql = match ends_now {
+            Some(ends_now) => running_present_rows(binds, ends_now),
+            None => "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
                SELECT gpu_id, present_hours AS n FROM gpu_days WHERE day >= $1 AND day < $2 \
                UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $3 AND hour < $4 \
                UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $5 AND hour < $6\
-             ) p GROUP BY gpu_id",
-        ))
-        .bind(d_lo)
-        .bind(d_hi)
-        .bind(e1.0)
-        .bind(e1.1)
-        .bind(e2.0)
-        .bind(e2.1)
-        .fetch_all(self.pool())
-        .await?;
+             ) p GROUP BY gpu_id"
+                .to_string(),
+        };
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query_as(&sql).persistent(false);
+        for b in binds {
+            q = q.bind(b);
+        }
+        let present: Vec<(i64, i64)> = q.fetch_all(self.pool()).await?;
         Ok((rates, present))
     }
 
@@ -989,7 +1158,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let (rates, present) = self.used_by_inputs(lo, hi, filters).await?;
+        let (rates, present) = self.used_by_inputs(lo, hi, filters, None).await?;
         let shares = self.held_shares(lo, hi).await?;
         Ok(split(&rates, &shares, &present))
     }
@@ -1010,6 +1179,46 @@ impl Store {
 }
 
 /// A `(gpu_id, team, held hours)` row as the used-by split takes it.
+/// `shares` less `outside` (shares of the same `key`: the part of an edge day's rows outside a
+/// window, see [`edges_by_day_of`]), each key's shares summed into one, dropping what nothing
+/// is left of. A share is a sum of hours each split among at most a few hundred holders, so
+/// what is left is either at least a thousandth of an hour or the rounding of two float sums
+/// of the same hours.
+pub(crate) fn less_outside<T, K: Eq + std::hash::Hash>(
+    shares: Vec<T>,
+    outside: Vec<T>,
+    key: impl Fn(&T) -> K,
+    hours: impl Fn(&mut T) -> &mut f64,
+) -> Vec<T> {
+    let mut less: HashMap<K, f64> = HashMap::new();
+    for mut o in outside {
+        let h = *hours(&mut o);
+        *less.entry(key(&o)).or_default() += h;
+    }
+    let mut out: Vec<T> = Vec::with_capacity(shares.len());
+    let mut at: HashMap<K, usize> = HashMap::new();
+    for mut s in shares {
+        let k = key(&s);
+        match at.get(&k) {
+            Some(&i) => {
+                let h = *hours(&mut s);
+                *hours(&mut out[i]) += h;
+            }
+            None => {
+                at.insert(k, out.len());
+                out.push(s);
+            }
+        }
+    }
+    for s in &mut out {
+        if let Some(h) = less.get(&key(s)) {
+            *hours(s) -= h;
+        }
+    }
+    out.retain_mut(|s| *hours(s) > 1e-9);
+    out
+}
+
 fn held_share((gpu_id, team, gpu_hours): (i64, String, f64)) -> HeldShare {
     HeldShare {
         gpu_id,

@@ -2156,119 +2156,194 @@ async fn push_random_fleets(store: &Store) {
     }
 }
 
+/// The per-GPU window counts (summed per GPU where one owner period covers the window, row by
+/// row for the GPU whose owner changed, edge days from their day row less the hours outside
+/// the window where those are fewer) and the summary, against every row joined to its period,
+/// without a filter and with every team of the window named.
+async fn assert_window_figures_match(store: &Store, w: Window, now: DateTime<Utc>, at: &str) {
+    let summary = store
+        .summary(w, &Filters::default(), GroupBy::Team, now)
+        .await
+        .unwrap();
+    let every_team = Filters {
+        team: summary.groups.iter().map(|g| g.key.clone()).collect(),
+        ..Default::default()
+    };
+    // Per-GPU window counts: summed per GPU where one owner period covers the window,
+    // row by row for the GPU whose owner changed, against every row joined to its period.
+    for filters in [Filters::default(), every_team.clone()] {
+        let fast = store.gpu_windows(w, &filters, now).await.unwrap();
+        let slow = store.gpu_windows_joined(w, &filters, now).await.unwrap();
+        assert_eq!(fast.len(), slow.len(), "{at}: {fast:?} vs {slow:?}");
+        for (a, b) in fast.iter().zip(&slow) {
+            let mut a = a.clone();
+            assert!((a.activity_sum - b.activity_sum).abs() < 1e-6, "{at}");
+            assert!((a.billed_usd - b.billed_usd).abs() < 1e-6, "{at}");
+            a.activity_sum = b.activity_sum;
+            a.billed_usd = b.billed_usd;
+            assert_eq!(&a, b, "{at}");
+        }
+    }
+    // The summary, whose whole days come from the day rows' running totals (kept as
+    // those rows are re-rolled in any order), against the summary of every row joined
+    // to its period.
+    for filters in [Filters::default(), every_team.clone()] {
+        let fast = store
+            .summary(w, &filters, GroupBy::Team, now)
+            .await
+            .unwrap();
+        let joined = store.gpu_windows_joined(w, &filters, now).await.unwrap();
+        let (groups, total) = gpuledger_ledger::summary::summarize(&joined, GroupBy::Team);
+        assert_eq!(fast.groups.len(), groups.len(), "{at}");
+        assert!(total.gpu_hours > 0, "{at}: an empty window proves nothing");
+        for (a, b) in fast
+            .groups
+            .iter()
+            .chain([&fast.total])
+            .zip(groups.iter().chain([&total]))
+        {
+            assert_same_group(a, b, at);
+        }
+    }
+    // The daily trend without an owner filter reads no owner period (and may read an edge
+    // day as its day rows less the hours outside the window); with every team named it reads
+    // each row's period. Both must give the same points, split days included, and add up to
+    // the summary.
+    let unowned = store
+        .series(w, &Filters::default(), true, now)
+        .await
+        .unwrap();
+    let owned = store.series(w, &every_team, true, now).await.unwrap();
+    let counts = |p: &gpuledger_store::SeriesPoint| {
+        (
+            p.start,
+            p.gpus,
+            p.gpu_hours,
+            p.busy_hours,
+            p.idle_hours,
+            p.known_hours,
+            p.allocated_hours,
+        )
+    };
+    assert_eq!(unowned.len(), owned.len(), "{at}");
+    for (a, b) in unowned.iter().zip(&owned) {
+        assert_eq!(counts(a), counts(b), "{at}");
+        assert!((a.activity_sum - b.activity_sum).abs() < 1e-6, "{at}");
+    }
+    assert_eq!(
+        unowned.iter().map(|p| p.gpu_hours).sum::<i64>(),
+        summary.total.gpu_hours,
+        "{at}"
+    );
+    assert_eq!(
+        unowned.iter().map(|p| p.idle_hours).sum::<i64>(),
+        summary.total.idle_hours,
+        "{at}"
+    );
+    // Used-by: whole days from its day rollup and present hours from the day rows' running
+    // totals, against the allocations and the plain present hours.
+    let fast = store
+        .used_by_cost(w, &Filters::default(), now)
+        .await
+        .unwrap();
+    let slow = store
+        .used_by_cost_unrolled(w, &Filters::default(), now)
+        .await
+        .unwrap();
+    assert_eq!(fast.len(), slow.len(), "{at}: {fast:?} vs {slow:?}");
+    for (a, b) in fast.iter().zip(&slow) {
+        assert_eq!((&a.team, a.gpus), (&b.team, b.gpus), "{at}");
+        assert!(
+            (a.gpu_hours - b.gpu_hours).abs() < 1e-9
+                && (a.cost_usd - b.cost_usd).abs() < 1e-6
+                && (a.unpriced_gpu_hours - b.unpriced_gpu_hours).abs() < 1e-9,
+            "{at}: {a:?} vs {b:?}"
+        );
+    }
+}
+
+/// Allocated-but-idle hours per workload (whole days from their day rollup, an edge day
+/// possibly as its day rows less the shares outside the window) against the allocations
+/// themselves; the slow answer.
+async fn assert_idle_workloads_match(
+    store: &Store,
+    w: Window,
+    filters: &Filters,
+    now: DateTime<Utc>,
+    at: &str,
+) -> Vec<gpuledger_ledger::waste::IdleWorkload> {
+    let mut fast = store.idle_workloads(w, filters, now).await.unwrap();
+    let mut slow = store
+        .idle_workloads_unrolled(w, filters, now)
+        .await
+        .unwrap();
+    let key = |x: &gpuledger_ledger::waste::IdleWorkload| {
+        (x.workload.clone(), x.used_by.clone(), x.owner.clone())
+    };
+    fast.sort_by_key(key);
+    slow.sort_by_key(key);
+    assert_eq!(
+        fast.len(),
+        slow.len(),
+        "{at} {filters:?}: {fast:?} vs {slow:?}"
+    );
+    for (a, b) in fast.iter().zip(&slow) {
+        assert_eq!(key(a), key(b), "{at}");
+        assert_eq!(a.gpus, b.gpus, "{at}");
+        assert!(
+            (a.allocated_idle_hours - b.allocated_idle_hours).abs() < 1e-9
+                && (a.cost_usd - b.cost_usd).abs() < 1e-6
+                && (a.unpriced_hours - b.unpriced_hours).abs() < 1e-9,
+            "{at} {filters:?}: {a:?} vs {b:?}"
+        );
+    }
+    slow
+}
+
 /// Property: the used-by and allocated-idle day rollups, kept as pushes arrive in any order
 /// (late samples, allocations that close later, MIG instances, shared GPUs, rate-less GPUs, a
 /// change of owner mid-day), give exactly what the allocations themselves give, for windows
 /// with whole days and edges.
 async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
     push_random_fleets(&store).await;
+    // Edge days long and short, and windows that end at their `now` (the last edge day is
+    // then its day row less the day's later hours, which exist here as if pushed ahead of the
+    // clock): each edge read both ways.
+    for (from, to, at) in [
+        (
+            "2026-11-26T20:00:00Z",
+            "2026-11-29T05:00:00Z",
+            "2026-11-29T04:30:00Z",
+        ),
+        (
+            "2026-11-25T03:00:00Z",
+            "2026-11-30T22:00:00Z",
+            "2026-11-30T21:10:00Z",
+        ),
+        (
+            "2026-11-27T23:00:00Z",
+            "2026-12-01T02:00:00Z",
+            "2026-12-02T12:00:00Z",
+        ),
+        (
+            "2026-11-26T01:00:00Z",
+            "2026-11-28T23:00:00Z",
+            "2026-12-02T12:00:00Z",
+        ),
+    ] {
+        let w = hours_window(from, to);
+        let at_now = format!("{from}–{to} at {at}");
+        assert_window_figures_match(&store, w, t(at), &at_now).await;
+        let slow =
+            assert_idle_workloads_match(&store, w, &Filters::default(), t(at), &at_now).await;
+        assert!(
+            !slow.is_empty(),
+            "{at_now}: no idle allocated hours prove nothing"
+        );
+    }
     for (from, to) in RANDOM_FLEET_WINDOWS {
         let w = hours_window(from, to);
-        // The daily trend without an owner filter reads no owner period; with every team
-        // of the window named it reads each row's period. Both must give the same points,
-        // split days (the change of owner mid-day) included, and add up to the summary.
-        let summary = store
-            .summary(w, &Filters::default(), GroupBy::Team, now())
-            .await
-            .unwrap();
-        let every_team = Filters {
-            team: summary.groups.iter().map(|g| g.key.clone()).collect(),
-            ..Default::default()
-        };
-        // Per-GPU window counts: summed per GPU where one owner period covers the window,
-        // row by row for the GPU whose owner changed, against every row joined to its period.
-        for filters in [Filters::default(), every_team.clone()] {
-            let fast = store.gpu_windows(w, &filters, now()).await.unwrap();
-            let slow = store.gpu_windows_joined(w, &filters, now()).await.unwrap();
-            assert_eq!(fast.len(), slow.len(), "{from}–{to}: {fast:?} vs {slow:?}");
-            for (a, b) in fast.iter().zip(&slow) {
-                let mut a = a.clone();
-                assert!(
-                    (a.activity_sum - b.activity_sum).abs() < 1e-6,
-                    "{from}–{to}"
-                );
-                assert!((a.billed_usd - b.billed_usd).abs() < 1e-6, "{from}–{to}");
-                a.activity_sum = b.activity_sum;
-                a.billed_usd = b.billed_usd;
-                assert_eq!(&a, b, "{from}–{to}");
-            }
-        }
-        // The summary, whose whole days come from the day rows' running totals (kept as
-        // those rows are re-rolled in any order), against the summary of every row joined
-        // to its period.
-        for filters in [Filters::default(), every_team.clone()] {
-            let fast = store
-                .summary(w, &filters, GroupBy::Team, now())
-                .await
-                .unwrap();
-            let joined = store.gpu_windows_joined(w, &filters, now()).await.unwrap();
-            let (groups, total) = gpuledger_ledger::summary::summarize(&joined, GroupBy::Team);
-            assert_eq!(fast.groups.len(), groups.len(), "{from}–{to}");
-            assert!(
-                total.gpu_hours > 0,
-                "{from}–{to}: an empty window proves nothing"
-            );
-            for (a, b) in fast
-                .groups
-                .iter()
-                .chain([&fast.total])
-                .zip(groups.iter().chain([&total]))
-            {
-                assert_same_group(a, b, &format!("{from}–{to}"));
-            }
-        }
-        let unowned = store
-            .series(w, &Filters::default(), true, now())
-            .await
-            .unwrap();
-        let owned = store.series(w, &every_team, true, now()).await.unwrap();
-        let counts = |p: &gpuledger_store::SeriesPoint| {
-            (
-                p.start,
-                p.gpus,
-                p.gpu_hours,
-                p.busy_hours,
-                p.idle_hours,
-                p.known_hours,
-                p.allocated_hours,
-            )
-        };
-        assert_eq!(unowned.len(), owned.len(), "{from}–{to}");
-        for (a, b) in unowned.iter().zip(&owned) {
-            assert_eq!(counts(a), counts(b), "{from}–{to}");
-            assert!(
-                (a.activity_sum - b.activity_sum).abs() < 1e-6,
-                "{from}–{to}"
-            );
-        }
-        assert_eq!(
-            unowned.iter().map(|p| p.gpu_hours).sum::<i64>(),
-            summary.total.gpu_hours,
-            "{from}–{to}"
-        );
-        assert_eq!(
-            unowned.iter().map(|p| p.idle_hours).sum::<i64>(),
-            summary.total.idle_hours,
-            "{from}–{to}"
-        );
-        let fast = store
-            .used_by_cost(w, &Filters::default(), now())
-            .await
-            .unwrap();
-        let slow = store
-            .used_by_cost_unrolled(w, &Filters::default(), now())
-            .await
-            .unwrap();
-        assert_eq!(fast.len(), slow.len(), "{from}–{to}: {fast:?} vs {slow:?}");
-        for (a, b) in fast.iter().zip(&slow) {
-            assert_eq!((&a.team, a.gpus), (&b.team, b.gpus), "{from}–{to}");
-            assert!(
-                (a.gpu_hours - b.gpu_hours).abs() < 1e-9
-                    && (a.cost_usd - b.cost_usd).abs() < 1e-6
-                    && (a.unpriced_gpu_hours - b.unpriced_gpu_hours).abs() < 1e-9,
-                "{from}–{to}: {a:?} vs {b:?}"
-            );
-        }
+        assert_window_figures_match(&store, w, now(), &format!("{from}–{to}")).await;
         // Allocated-but-idle hours per workload, by owner at the hour, with and without a
         // filter on the owner.
         for filters in [
@@ -2278,31 +2353,9 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
                 ..Default::default()
             },
         ] {
-            let mut fast = store.idle_workloads(w, &filters, now()).await.unwrap();
-            let mut slow = store
-                .idle_workloads_unrolled(w, &filters, now())
-                .await
-                .unwrap();
-            let key = |x: &gpuledger_ledger::waste::IdleWorkload| {
-                (x.workload.clone(), x.used_by.clone(), x.owner.clone())
-            };
-            fast.sort_by_key(key);
-            slow.sort_by_key(key);
-            assert_eq!(
-                fast.len(),
-                slow.len(),
-                "{from}–{to} {filters:?}: {fast:?} vs {slow:?}"
-            );
-            for (a, b) in fast.iter().zip(&slow) {
-                assert_eq!(key(a), key(b), "{from}–{to}");
-                assert_eq!(a.gpus, b.gpus, "{from}–{to}");
-                assert!(
-                    (a.allocated_idle_hours - b.allocated_idle_hours).abs() < 1e-9
-                        && (a.cost_usd - b.cost_usd).abs() < 1e-6
-                        && (a.unpriced_hours - b.unpriced_hours).abs() < 1e-9,
-                    "{from}–{to} {filters:?}: {a:?} vs {b:?}"
-                );
-            }
+            let slow =
+                assert_idle_workloads_match(&store, w, &filters, now(), &format!("{from}–{to}"))
+                    .await;
             assert!(
                 filters.team.is_empty() || slow.iter().all(|x| x.owner == "vision"),
                 "{slow:?}"
@@ -2321,7 +2374,102 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
     }
 }
 
+/// Edge days read as their day row less the hours outside the window, on a fleet built for
+/// their corners: a GPU whose hours on the first edge day all fall before the window (its day
+/// row less those hours is nothing: it is not in the window), a GPU whose hours end before the
+/// window does on the last edge day and one with hours after it.
+async fn edge_days_from_day_rows_match_their_hours(store: Store) {
+    let p = who("edges", None);
+    let at = |s: &str| t(s).timestamp();
+    let hourly = |g: &str, from: i64, to: i64| {
+        let samples: Vec<String> = (0..)
+            .map(|i| from + i * 3600 + 1800)
+            .take_while(|&ts| ts < to)
+            .map(|ts| {
+                format!(
+                    r#"{{"gpu_uuid":"{g}","ts":"{}","util_pct":{},"mem_used_mib":{}}}"#,
+                    chrono::DateTime::from_timestamp(ts, 0)
+                        .unwrap()
+                        .to_rfc3339(),
+                    // The last GPU idle throughout, under an allocation: every hour of it
+                    // allocated and idle.
+                    if g.ends_with('c') {
+                        0
+                    } else {
+                        (ts / 3600) % 7 * 10
+                    },
+                    (ts - from) / 36
+                )
+            })
+            .collect();
+        format!(r#"{{"samples":[{}]}}"#, samples.join(","))
+    };
+    let gpus = ["GPU-edge-a", "GPU-edge-b", "GPU-edge-c"];
+    let inventory: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            // The GPU outside the window is its team's only GPU.
+            let labels = if *g == "GPU-edge-a" {
+                r#","labels":{"team":"edge"}"#
+            } else {
+                ""
+            };
+            format!(
+                r#"{{"uuid":"{g}","model":"Tesla T4"{labels},"observed_at":"2026-11-26T00:00:00Z"}}"#
+            )
+        })
+        .collect();
+    for body in [
+        format!(r#"{{"gpus":[{}]}}"#, inventory.join(",")),
+        hourly(
+            gpus[0],
+            at("2026-11-26T00:00:00Z"),
+            at("2026-11-26T02:00:00Z"),
+        ),
+        hourly(
+            gpus[1],
+            at("2026-11-26T00:00:00Z"),
+            at("2026-11-28T02:00:00Z"),
+        ),
+        hourly(
+            gpus[2],
+            at("2026-11-26T00:00:00Z"),
+            at("2026-11-28T12:00:00Z"),
+        ),
+        r#"{"allocations":[{"gpu_uuid":"GPU-edge-c","start":"2026-11-26T00:10:00Z","workload":"w-c","kind":"pod","team":"nlp"}]}"#.to_string(),
+    ] {
+        let out = push(&store, &p, &body).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    }
+    let (from, to, now) = (
+        "2026-11-26T05:00:00Z",
+        "2026-11-28T05:00:00Z",
+        "2026-11-28T04:40:00Z",
+    );
+    let w = hours_window(from, to);
+    let windows = store
+        .gpu_windows(w, &Filters::default(), t(now))
+        .await
+        .unwrap();
+    let seen: Vec<&str> = windows.iter().map(|w| w.uuid.as_str()).collect();
+    assert_eq!(seen, [gpus[1], gpus[2]], "{windows:?}");
+    let summary = store
+        .summary(w, &Filters::default(), GroupBy::Team, t(now))
+        .await
+        .unwrap();
+    assert_eq!(summary.total.gpus, 2, "{summary:?}");
+    assert!(
+        summary.groups.iter().all(|g| g.key != "edge"),
+        "{summary:?}"
+    );
+    let at_now = format!("{from}–{to} at {now}");
+    assert_window_figures_match(&store, w, t(now), &at_now).await;
+    let slow = assert_idle_workloads_match(&store, w, &Filters::default(), t(now), &at_now).await;
+    assert_eq!(slow.len(), 1, "{slow:?}");
+}
+
 both!(
+    edge_days_from_day_rows_match_their_hours,
     used_by_rollup_equals_recomputation_on_random_fleets,
     group_rollups_equal_per_gpu_rows_on_random_fleets,
 );
