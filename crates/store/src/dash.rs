@@ -257,8 +257,9 @@ impl Store {
         filters: &Filters,
     ) -> Result<Vec<(String, ActivityEvidence)>> {
         let (clause, binds) = self.filtered_ids_clause(filters, 1);
-        // Each GPU's day rows newest first (`gpu_days_gpu`), to the first that qualifies: a
-        // GPU busy or measured lately reads a row or two, whatever the history kept.
+        // Each GPU's day rows newest first (`gpu_days_gpu`, which carries the known and idle
+        // hours: no lookup of the table), to the first that qualifies: a GPU busy or measured
+        // lately reads a row or two, whatever the history kept.
         let sql = format!(
             "SELECT g.uuid, \
              (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.known_hours > d.idle_hours \

@@ -173,6 +173,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "group_rollups",
         include_str!("../migrations/sqlite/0016_group_rollups.sql"),
     ),
+    (
+        17,
+        "day_evidence_index",
+        include_str!("../migrations/sqlite/0017_day_evidence_index.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -254,6 +259,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         16,
         "group_rollups",
         include_str!("../migrations/postgres/0016_group_rollups.sql"),
+    ),
+    (
+        17,
+        "day_evidence_index",
+        include_str!("../migrations/postgres/0017_day_evidence_index.sql"),
     ),
 ];
 
