@@ -435,7 +435,8 @@ impl Store {
     }
 
     /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) only when
-    /// `with_mem` (a read of the index by GPU per GPU, which the summary does without).
+    /// `with_mem` (a read of the index by GPU per GPU and both edges from their hours, which
+    /// the summary and the per-GPU tables do without).
     async fn gpu_windows_of(
         &self,
         window: Window,
@@ -568,8 +569,23 @@ impl Store {
     }
 
     /// One row per physical GPU over the window (owner periods folded; team and environment are
-    /// the latest period's), for per-GPU tables.
+    /// the latest period's), for per-GPU tables, without peak memory (`mem_max_mib` is None):
+    /// no table shows it, and without it the window's edge days are read the cheaper way
+    /// ([`running_window_rows`]).
     pub async fn gpu_totals(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
+        Ok(gpuledger_ledger::summary::per_gpu(
+            self.gpu_windows_of(window, filters, now, false).await?,
+        ))
+    }
+
+    /// [`Store::gpu_totals`] with each GPU's peak memory over the window: what the low-memory
+    /// finding (`ledger::waste`) reads.
+    pub async fn gpu_totals_with_peak(
         &self,
         window: Window,
         filters: &Filters,

@@ -506,6 +506,60 @@ async fn page_every_page_renders_the_same_numbers_as_the_api() {
     assert!(!sources.contains("stale-banner"));
 }
 
+/// The low-memory finding reads each GPU's peak memory over the window, today's hours included:
+/// a GPU whose use stays at 2.5 % of its memory is one on the waste page, the savings list and
+/// the overview; one that used 86 % in the last hour is not.
+#[tokio::test]
+async fn waste_a_gpu_whose_peak_memory_stays_low_is_a_finding() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("rack-push", &[]).await;
+    let (low, high) = (
+        "GPU-cccccccc-0000-0000-0000-000000000003",
+        "GPU-dddddddd-0000-0000-0000-000000000004",
+    );
+    let gpus: Vec<Value> = [(low, "n3"), (high, "n4")]
+        .iter()
+        .map(|(g, host)| {
+            json!({"uuid": g, "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "host": host,
+                   "labels": {"team": "nlp"}, "observed_at": "2026-12-01T00:00:00Z"})
+        })
+        .collect();
+    let start: DateTime<Utc> = "2026-12-01T00:30:00Z".parse().unwrap();
+    let mut samples = Vec::new();
+    for h in 0..36 {
+        let ts = start + chrono::Duration::hours(h);
+        for g in [low, high] {
+            let mem = if g == high && h == 34 { 70_000 } else { 2_000 };
+            samples.push(
+                json!({"gpu_uuid": g, "ts": ts.to_rfc3339(), "util_pct": 50, "mem_used_mib": mem}),
+            );
+        }
+    }
+    let body = json!({"gpus": gpus, "samples": samples});
+    let (status, reply) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rejected"], json!([]));
+
+    let s = app.get_json("/api/v1/savings?range=7d").await;
+    let low_memory: Vec<&Value> = s["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "memory far below capacity")
+        .collect();
+    assert_eq!(low_memory.len(), 1, "{s}");
+    assert_eq!(low_memory[0]["evidence"], format!("/gpus/{low}?range=7d"));
+    assert!(low_memory[0]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("peak memory 2 %"));
+    let (_, table) = app.get("/waste?range=7d&csv=low-memory").await;
+    assert!(table.contains(low) && table.contains("2 %"), "{table}");
+    assert!(!table.contains(high), "{table}");
+    let (_, overview) = app.get("/?range=7d").await;
+    assert!(overview.contains("memory far below capacity"));
+}
+
 #[tokio::test]
 async fn api_teams_lists_the_registry_and_unregistered_owners() {
     let mut teams = std::collections::BTreeMap::new();

@@ -537,7 +537,7 @@ impl Notifier {
         let window = p.window(now);
         let (gpus, windows) = tokio::try_join!(
             store.list_gpus(&p.filters, false, now),
-            store.gpu_totals(window, &p.filters, now),
+            store.gpu_totals_with_peak(window, &p.filters, now),
         )?;
         let found = crate::ui::findings::findings(state, &p, &frame, idle_days, &gpus, &windows)
             .await

@@ -81,7 +81,7 @@ async fn load(
         state.store.list_gpus(&page.p.filters, false, page.now),
         state
             .store
-            .gpu_totals(page.window, &page.p.filters, page.now),
+            .gpu_totals_with_peak(page.window, &page.p.filters, page.now),
     )?;
     let found = findings(state, &page.p, &page.frame, idle_days, &gpus, &windows).await?;
     Ok((page, found, idle_days))
