@@ -125,8 +125,15 @@ async fn metrics_count_pushes_records_requests_and_sources() {
     // off.
     let past = f64::from(u8::from(now.date_naive() < Utc::now().date_naive()));
     assert_eq!(v("gpuledger_group_rollup_backlog"), past);
+    // At 01:00 three days ago: the hours it makes present (its hour and the stale window
+    // after it) stay within that one day, whatever the time the test runs.
+    let late_ts = (now - Duration::days(3))
+        .date_naive()
+        .and_hms_opt(1, 0, 0)
+        .unwrap()
+        .and_utc();
     let late = serde_json::json!({
-        "samples": [{"gpu_uuid": uuid, "ts": now - Duration::days(3), "util_pct": 5.0}],
+        "samples": [{"gpu_uuid": uuid, "ts": late_ts, "util_pct": 5.0}],
     });
     let resp = client
         .post(format!("{base}/api/v1/ingest"))
