@@ -847,21 +847,16 @@ pub(crate) fn running_window_rows(
         run("billed_hours", "run_b_hours"),
         run("billed_usd", "run_b_usd"),
     );
-    if first_by_day {
-        union.push_str(&format!(
-            " UNION ALL {}",
-            negated_hour_rows("h.hour >= $1 - 86400 AND h.hour < $3")
-        ));
-    } else {
-        union.push_str(&format!(" UNION ALL {edge1}"));
-    }
-    if last_by_day {
-        union.push_str(&format!(
-            " UNION ALL {}",
-            negated_hour_rows("h.hour >= $6 AND h.hour < $2 + 86400")
-        ));
-    } else {
-        union.push_str(&format!(" UNION ALL {edge2}"));
+    for (by_day, outside, edge) in [
+        (first_by_day, "h.hour >= $1 - 86400 AND h.hour < $3", edge1),
+        (last_by_day, "h.hour >= $6 AND h.hour < $2 + 86400", edge2),
+    ] {
+        let rows = if by_day {
+            negated_hour_rows(outside)
+        } else {
+            edge
+        };
+        union.push_str(&format!(" UNION ALL {rows}"));
     }
     (binds, union)
 }
