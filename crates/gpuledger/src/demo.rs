@@ -951,6 +951,8 @@ pub struct Demo {
     pub hosts: Vec<Host>,
     pub tokens: BTreeMap<&'static str, String>,
     pub push_token: String,
+    /// How long the history's billing export took to import, within [`load_hosts`].
+    pub billing: std::time::Duration,
 }
 
 async fn send(state: &AppState, token: &str, body: &PushBody) -> anyhow::Result<()> {
@@ -1045,6 +1047,7 @@ pub async fn load_hosts(state: &AppState, hosts: Vec<Host>, days: i64) -> anyhow
     }
     // What AWS billed for the complete days, so costs show what was billed beside them.
     let export = focus_export(&hosts, from, now.timestamp());
+    let started = std::time::Instant::now();
     let done = state
         .store
         .import_billing("demo/focus-aws.csv", &export, now, false)
@@ -1058,6 +1061,7 @@ pub async fn load_hosts(state: &AppState, hosts: Vec<Host>, days: i64) -> anyhow
         hosts,
         tokens,
         push_token,
+        billing: started.elapsed(),
     })
 }
 

@@ -64,6 +64,27 @@ fn widen(touched: &mut BTreeMap<i64, (i64, i64)>, id: i64, lo: i64, hi: i64) {
     *e = (e.0.min(lo), e.1.max(hi));
 }
 
+/// An hour's billed share, for the hours of GPUs `IDS` in `[$1, $2)` before `$3`: the sum
+/// over the billed periods covering it of each period's bill over its present hours; NULL
+/// (an estimate only) where none covers it. First every share in the range is cleared, then
+/// the covered hours are set from a join driven by the periods (`CROSS JOIN` keeps SQLite's
+/// planner from turning it round): each period reads its own hours by key. Asking every hour
+/// for its periods instead read all earlier periods of its GPU, quadratic in the history
+/// (20–58 s per 500 GPUs at 10,000 GPUs × 90 days).
+const SPREAD_BILLED: [&str; 2] = [
+    "UPDATE gpu_hours SET billed_usd = NULL \
+     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND billed_usd IS NOT NULL",
+    "UPDATE gpu_hours SET billed_usd = s.usd FROM (\
+       SELECT h.gpu_id AS gid, h.hour AS hr, SUM(bp.billed_usd / bp.hours) AS usd \
+       FROM billed_gpu_periods bp CROSS JOIN gpu_hours h WHERE h.gpu_id = bp.gpu_id \
+       AND h.hour >= bp.period_start AND h.hour < bp.period_end \
+       AND h.hour >= $1 AND h.hour < $2 AND h.hour < $3 \
+       AND bp.gpu_id IN (IDS) AND bp.hours > 0 \
+       AND bp.period_start < $2 AND bp.period_end > $1 \
+       GROUP BY h.gpu_id, h.hour) s \
+     WHERE gpu_hours.gpu_id = s.gid AND gpu_hours.hour = s.hr",
+];
+
 impl Store {
     /// Read a FOCUS export, reconcile its GPU spend with the estimates per GPU, team and month,
     /// and keep what was billed per GPU and charge period under the file's `name`: a newer
@@ -255,19 +276,10 @@ impl Store {
                 .push(id);
         }
         for ((lo, hi), ids) in &by_range {
-            self.for_ids(
-                &mut tx,
-                ids,
-                *lo,
-                *hi,
-                Some(cap as f64),
-                "UPDATE gpu_hours SET billed_usd = (SELECT SUM(bp.billed_usd / bp.hours) \
-                 FROM billed_gpu_periods bp WHERE bp.gpu_id = gpu_hours.gpu_id \
-                 AND bp.period_start <= gpu_hours.hour AND bp.period_end > gpu_hours.hour \
-                 AND bp.hours > 0 AND gpu_hours.hour < $3) \
-                 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2",
-            )
-            .await?;
+            for sql in SPREAD_BILLED {
+                self.for_ids(&mut tx, ids, *lo, *hi, Some(cap as f64), sql)
+                    .await?;
+            }
             self.reroll_days(&mut tx, ids, day_floor(*lo), day_floor(*hi - 1) + DAY_SECS)
                 .await?;
         }

@@ -1571,6 +1571,25 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
         .await
         .unwrap();
     assert_eq!(group(&s.groups, "nlp").billed_usd, 30.0);
+    // A corrected file that no longer bills node-a leaves A's hours estimated only.
+    let without_a: String = focus("30.00")
+        .lines()
+        .filter(|l| !l.contains("node-a,"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    store
+        .import_billing("focus-2026-12.csv", &without_a, now(), false)
+        .await
+        .unwrap();
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = group(&s.groups, "nlp");
+    assert_eq!((nlp.billed_gpu_hours, nlp.billed_usd), (0, 0.0));
+    assert_eq!(nlp.cost_basis, gpuledger_model::CostBasis::Estimate);
+    let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    assert_eq!((d.billed_gpu_hours, d.billed_usd), (0, 0.0));
     let err = store
         .import_billing("not-focus.csv", "a,b\n1,2\n", now(), false)
         .await
