@@ -415,9 +415,8 @@ impl Store {
         let latest: Vec<(i64, i64)> = latest.into_iter().collect();
         for chunk in latest.chunks(PRESENCE_CHUNK) {
             let sql = format!(
-                "WITH v (id, ts) AS (VALUES {}) UPDATE gpus SET last_seen = \
-                 (SELECT v.ts FROM v WHERE v.id = gpus.id) \
-                 WHERE id IN (SELECT v.id FROM v WHERE v.ts > gpus.last_seen)",
+                "WITH v (id, ts) AS (VALUES {}) UPDATE gpus SET last_seen = v.ts FROM v \
+                 WHERE gpus.id = v.id AND v.ts > gpus.last_seen",
                 values(chunk.len(), 2)
             );
             let sql = self.sql(&sql);
@@ -431,6 +430,7 @@ impl Store {
             let ts = s.ts.timestamp();
             let t = b.touched.entry(*id).or_default();
             mark_presence(t, ts, b.stale);
+            t.sampled.insert(hour_floor(ts));
             widen(&mut t.activity, hour_floor(ts), hour_floor(ts) + HOUR_SECS);
         }
 
