@@ -64,10 +64,13 @@ pub(crate) const RUNNING_DAYS: &str =
 
 /// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
 /// kind and team, `''` when none) and how many there are (`n`): [`crate::query::HELD`] for a
-/// few GPUs, driven from their allocations and their MIG instances'.
+/// few GPUs, driven from their allocations and their MIG instances'. `$hours` narrows the
+/// hours (`h`) read; a condition on the hour keeps or drops all its holders, so `n` stays
+/// their count.
 macro_rules! holders_of_ids {
-    () => {
-        "WITH a AS (\
+    ($hours:literal) => {
+        concat!(
+            "WITH a AS (\
            SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
            COALESCE(al.team, '') AS team \
            FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
@@ -78,9 +81,11 @@ macro_rules! holders_of_ids {
          x AS (\
            SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MAX(a.team) AS team \
            FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
-           AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2 \
-           GROUP BY h.gpu_id, h.hour, a.workload), \
+           AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
+            $hours,
+            " GROUP BY h.gpu_id, h.hour, a.workload), \
          n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"
+        )
     };
 }
 
@@ -88,7 +93,7 @@ macro_rules! holders_of_ids {
 /// the allocations and present hours (the same split as [`crate::query::HELD`]): run after
 /// deleting those rows.
 pub(crate) const REROLL_DAY_USE: &str = concat!(
-    holders_of_ids!(),
+    holders_of_ids!(""),
     " INSERT INTO gpu_day_use (gpu_id, day, team, held_hours) \
      SELECT x.gpu_id, (x.hour / 86400) * 86400, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
      FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
@@ -99,14 +104,12 @@ pub(crate) const REROLL_DAY_USE: &str = concat!(
 /// for the days in `[$1, $2)`, `$3` the idle threshold, each with the owner period the hour
 /// fell in: run after deleting those rows.
 pub(crate) const REROLL_DAY_IDLE: &str = concat!(
-    holders_of_ids!(),
+    holders_of_ids!(" AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"),
     " INSERT INTO gpu_day_idle (gpu_id, day, owner_from, workload, team, kind, hours) \
      SELECT x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team, MIN(x.kind), \
      CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
      FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
-     JOIN gpu_hours h ON h.gpu_id = x.gpu_id AND h.hour = x.hour \
      JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts <= x.hour AND o.to_ts > x.hour \
-     WHERE h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n \
      GROUP BY x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team"
 );
 
