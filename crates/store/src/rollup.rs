@@ -145,7 +145,8 @@ macro_rules! allocated_hours {
 
 /// The allocated flag ([`ALLOCATED`]) of the hours of GPUs `IDS` in `[$1, $2)`, set where it
 /// is newly due and cleared where it no longer is; rows that keep their flag are not written.
-/// At 30 days of history this is half the time of [`ALLOCATED`] per GPU and day.
+/// At 30 days of history this is half the time of [`ALLOCATED`] per GPU and day on SQLite
+/// (PostgreSQL: see [`Store::reroll`]).
 pub(crate) const FLAG_ALLOCATED: [&str; 2] = [
     concat!(
         "UPDATE gpu_hours SET allocated = 1 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
@@ -329,8 +330,24 @@ impl Store {
             )
             .await?;
         }
+        // PostgreSQL plans the set-based flags from its statistics, and during a bulk load
+        // into tables not yet analyzed chose plans eighteen times slower than the per-hour
+        // lookups (33 s against 1.8 s of SQL for 108,000 samples); there the flags are asked
+        // per hour, and only rows whose flag changes are written.
+        let flag_sql = match self.backend() {
+            crate::Backend::Postgres => vec![format!(
+                "UPDATE gpu_hours SET allocated = {ALLOCATED} \
+                 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
+                 AND allocated <> {ALLOCATED}"
+            )],
+            _ => FLAG_ALLOCATED.map(String::from).to_vec(),
+        };
         for ((lo, hi), ids) in &flags {
-            for sql in FLAG_ALLOCATED.into_iter().chain(FILL_FROM_ALLOCATIONS) {
+            for sql in flag_sql
+                .iter()
+                .map(String::as_str)
+                .chain(FILL_FROM_ALLOCATIONS)
+            {
                 self.for_ids(tx, ids, *lo, *hi, None, sql).await?;
             }
         }
