@@ -11,7 +11,7 @@ use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
 use gpuledger_model::DAY_SECS;
 
 use crate::groups::{CLEAN_DAYS, CLEAN_HOURS, DIRTY_HOUR_RANGES};
-use crate::query::{Window, HELD_IDLE, SPLIT_DAYS};
+use crate::query::{held_idle, Window, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
 /// Mean activity per weekday (Monday = 0) and UTC hour of day, with the hours behind each cell.
@@ -337,9 +337,9 @@ impl Store {
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
         {
             if by_day {
-                outside.extend(self.idle_shares_unrolled(o_lo, o_hi, filters).await?);
+                outside.extend(self.idle_shares_unrolled(o_lo, o_hi, filters, now).await?);
             } else if e_lo < e_hi {
-                shares.extend(self.idle_shares_unrolled(e_lo, e_hi, filters).await?);
+                shares.extend(self.idle_shares_unrolled(e_lo, e_hi, filters, now).await?);
             }
         }
         if !outside.is_empty() {
@@ -370,22 +370,37 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
-        let shares = self.idle_shares_unrolled(lo, hi, filters).await?;
+        let shares = self.idle_shares_unrolled(lo, hi, filters, now).await?;
         Ok(gpuledger_ledger::waste::idle_workloads(&shares))
     }
 
     /// Allocated-and-idle hours per workload and GPU in the clock hours `[lo, hi)`, from the
-    /// allocations ([`HELD_IDLE`]).
+    /// allocations ([`held_idle`]).
     async fn idle_shares_unrolled(
         &self,
         lo: i64,
         hi: i64,
         filters: &Filters,
+        now: DateTime<Utc>,
     ) -> Result<Vec<IdleShare>> {
+        let by_end = self.allocations_by_end(lo, hi, now).await?;
+        self.idle_shares_with(lo, hi, filters, by_end).await
+    }
+
+    /// [`Store::idle_shares_unrolled`] with the allocations found by end or by start
+    /// ([`held_idle`]).
+    pub(crate) async fn idle_shares_with(
+        &self,
+        lo: i64,
+        hi: i64,
+        filters: &Filters,
+        by_end: bool,
+    ) -> Result<Vec<IdleShare>> {
+        let held_idle = held_idle(by_end);
         let (clause, binds) = filters.clause_with(4, "o");
         let join = owner_join("x.gpu_id", "x.hour");
         let sql = format!(
-            "{HELD_IDLE} SELECT x.workload, MIN(x.kind) AS kind, x.team AS used_by, \
+            "{held_idle} SELECT x.workload, MIN(x.kind) AS kind, x.team AS used_by, \
              o.team AS owner, x.gpu_id, g.usd_per_hour, \
              CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) AS hours \
              FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \

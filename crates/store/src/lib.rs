@@ -178,6 +178,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "day_evidence_index",
         include_str!("../migrations/sqlite/0017_day_evidence_index.sql"),
     ),
+    (
+        18,
+        "allocations_end_index",
+        include_str!("../migrations/sqlite/0018_allocations_end_index.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -264,6 +269,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         17,
         "day_evidence_index",
         include_str!("../migrations/postgres/0017_day_evidence_index.sql"),
+    ),
+    (
+        18,
+        "allocations_end_index",
+        include_str!("../migrations/postgres/0018_allocations_end_index.sql"),
     ),
 ];
 

@@ -1025,25 +1025,55 @@ fn window_rows_of(
 /// The workloads holding each present hour (`x`: one row per physical GPU, hour and
 /// workload, with the kind and the team the allocation names, `''` when none) and how many
 /// there are (`n`), for the window `[$1, $2)`. An allocation on a MIG instance holds its
-/// physical GPU; the same workload reported by two sources holds once.
-pub(crate) const HELD: &str = HELD_SQL;
+/// physical GPU; the same workload reported by two sources holds once. `by_end`: find the
+/// allocations overlapping the window by when they end ([`Store::allocations_by_end`]).
+pub(crate) fn held(by_end: bool) -> &'static str {
+    if by_end {
+        HELD_BY_END
+    } else {
+        HELD_BY_START
+    }
+}
 
-/// [`HELD`] over the allocated and idle hours only (`$3`: the idle threshold): the holders
+/// [`held`] over the allocated and idle hours only (`$3`: the idle threshold): the holders
 /// of those hours and how many there are, for allocated-but-idle hours per workload.
-pub(crate) const HELD_IDLE: &str = HELD_IDLE_SQL;
+pub(crate) fn held_idle(by_end: bool) -> &'static str {
+    if by_end {
+        HELD_IDLE_BY_END
+    } else {
+        HELD_IDLE_BY_START
+    }
+}
+
+// The allocations overlapping `[$1, $2)`, two ways: GPU by GPU, those started before `$2`
+// (`allocations_gpu_start`), few for a window far back and every allocation each GPU had for
+// one near now; or by when they end (`allocations_end`, an open one at the end of time), few
+// near now and all of them far back. CROSS JOIN makes SQLite read the allocations first.
+macro_rules! by_start {
+    () => {
+        "FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
+         LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+         WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)"
+    };
+}
+macro_rules! by_end {
+    () => {
+        "FROM allocations al CROSS JOIN gpus c LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
+         WHERE c.id = al.gpu_id AND COALESCE(al.end_ts, 9223372036854775807) > $1 \
+         AND al.start_ts < $2"
+    };
+}
 
 // `+h.hour` in the hour joins below: the window (`$1`, `$2`) bounds the scan of a GPU's
 // hours, not the allocation's own span, which may be months long. A workload two sources
 // report counts once, for the team one of them names (`MAX`: `''`, none, sorts first).
 macro_rules! held_sql {
-    ($gpus:literal, $hours:literal) => {
+    ($from:expr, $gpus:expr, $hours:expr) => {
         concat!(
             "WITH a AS (\
                SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
-               COALESCE(al.team, '') AS team \
-               FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
-               LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-               WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)",
+               COALESCE(al.team, '') AS team ",
+            $from,
             $gpus,
             "), \
              x AS (\
@@ -1056,12 +1086,24 @@ macro_rules! held_sql {
         )
     };
 }
-const HELD_SQL: &str = held_sql!("", "");
+const HELD_BY_START: &str = held_sql!(by_start!(), "", "");
+const HELD_BY_END: &str = held_sql!(by_end!(), "", "");
 // Only GPUs with an allocated-and-idle hour on a day of the window (the day rollups say which)
 // are walked hour by hour.
-const HELD_IDLE_SQL: &str = held_sql!(
-    " AND COALESCE(p.id, c.id) IN (SELECT gpu_id FROM gpu_days WHERE day >= $1 - ($1 % 86400) \
-     AND day < $2 AND allocated_idle_hours > 0)",
+macro_rules! idle_gpus {
+    () => {
+        " AND COALESCE(p.id, c.id) IN (SELECT gpu_id FROM gpu_days WHERE day >= $1 - ($1 % 86400) \
+         AND day < $2 AND allocated_idle_hours > 0)"
+    };
+}
+const HELD_IDLE_BY_START: &str = held_sql!(
+    by_start!(),
+    idle_gpus!(),
+    " AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"
+);
+const HELD_IDLE_BY_END: &str = held_sql!(
+    by_end!(),
+    idle_gpus!(),
     " AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"
 );
 
@@ -1100,9 +1142,9 @@ impl Store {
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
         {
             if by_day {
-                outside.extend(self.held_shares(o_lo, o_hi).await?);
+                outside.extend(self.held_shares(o_lo, o_hi, now).await?);
             } else if e_lo < e_hi {
-                shares.extend(self.held_shares(e_lo, e_hi).await?);
+                shares.extend(self.held_shares(e_lo, e_hi, now).await?);
             }
         }
         if !outside.is_empty() {
@@ -1170,15 +1212,27 @@ impl Store {
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
         let (rates, present) = self.used_by_inputs(lo, hi, filters, None).await?;
-        let shares = self.held_shares(lo, hi).await?;
+        let shares = self.held_shares(lo, hi, now).await?;
         Ok(split(&rates, &shares, &present))
     }
 
     /// Each physical GPU's held hours per allocating team in `[lo, hi)`, from the allocations
-    /// and present hours ([`HELD`]): the slow path, for the partial days at a window's edges.
-    pub(crate) async fn held_shares(&self, lo: i64, hi: i64) -> Result<Vec<HeldShare>> {
+    /// and present hours ([`held`]): the slow path, for the partial days at a window's edges.
+    pub(crate) async fn held_shares(
+        &self,
+        lo: i64,
+        hi: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<HeldShare>> {
+        let by_end = self.allocations_by_end(lo, hi, now).await?;
+        self.held_shares_with(lo, hi, by_end).await
+    }
+
+    /// [`Store::held_shares`] with the allocations found by end or by start ([`held`]).
+    async fn held_shares_with(&self, lo: i64, hi: i64, by_end: bool) -> Result<Vec<HeldShare>> {
+        let held = held(by_end);
         let rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(&format!(
-            "{HELD} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
+            "{held} SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
              FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team"
         )))
         .bind(lo)
@@ -1186,6 +1240,46 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         Ok(rows.into_iter().map(held_share).collect())
+    }
+
+    /// The holders' shares of the hours `[lo, hi)`, used-by and allocated-and-idle per
+    /// workload, with the allocations found by start, then by end: for the test that the two
+    /// ways agree, whichever [`Store::allocations_by_end`] would pick.
+    #[doc(hidden)]
+    pub async fn held_shares_both_ways(
+        &self,
+        lo: i64,
+        hi: i64,
+    ) -> Result<[(Vec<HeldShare>, Vec<gpuledger_ledger::waste::IdleShare>); 2]> {
+        let mut out: [(Vec<HeldShare>, Vec<_>); 2] = Default::default();
+        for (i, by_end) in [false, true].into_iter().enumerate() {
+            out[i] = (
+                self.held_shares_with(lo, hi, by_end).await?,
+                self.idle_shares_with(lo, hi, &Filters::default(), by_end)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Whether to find the allocations overlapping the hours `[lo, hi)` by when they end
+    /// (those ending after `lo`, or open) rather than GPU by GPU by when they start (those
+    /// started before `hi`): the side with fewer allocations, taking the history as starting
+    /// at the oldest day row. Either way gives the same rows; near now, by end is a few
+    /// thousand allocations against every one the fleet ever had.
+    pub(crate) async fn allocations_by_end(
+        &self,
+        lo: i64,
+        hi: i64,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let first: Option<i64> = sqlx::query_scalar("SELECT MIN(day) FROM gpu_days")
+            .fetch_one(self.pool())
+            .await?;
+        Ok(match first {
+            Some(first) => now.timestamp() - lo < hi - first,
+            None => false,
+        })
     }
 }
 

@@ -63,7 +63,7 @@ pub(crate) const RUNNING_DAYS: &str =
      OR gpu_days.run_b_hours <> r.bh OR gpu_days.run_b_usd <> r.bu)";
 
 /// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
-/// kind and team, `''` when none) and how many there are (`n`): [`crate::query::HELD`] for a
+/// kind and team, `''` when none) and how many there are (`n`): [`crate::query::held`] for a
 /// few GPUs, driven from their allocations and their MIG instances'. `$hours` narrows the
 /// hours (`h`) read; a condition on the hour keeps or drops all its holders, so `n` stays
 /// their count.
@@ -90,7 +90,7 @@ macro_rules! holders_of_ids {
 }
 
 /// Used-by per day (`gpu_day_use`) of the physical GPUs `IDS` for the days in `[$1, $2)`, from
-/// the allocations and present hours (the same split as [`crate::query::HELD`]): run after
+/// the allocations and present hours (the same split as [`crate::query::held`]): run after
 /// deleting those rows.
 pub(crate) const REROLL_DAY_USE: &str = concat!(
     holders_of_ids!(""),

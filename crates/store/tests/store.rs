@@ -2319,6 +2319,62 @@ async fn assert_idle_workloads_match(
     slow
 }
 
+/// Property: the allocations overlapping a range of hours, found GPU by GPU by when they start
+/// or by when they end (the store picks the side with fewer), give the same holders, for
+/// ranges before, across and after allocations that open, close and stay open.
+async fn allocations_found_by_start_or_end_hold_the_same_hours(store: Store) {
+    push_random_fleets(&store).await;
+    let base = t("2026-11-25T00:00:00Z").timestamp();
+    let mut compared = (0, 0);
+    for (from_h, hours) in [
+        (0, 24),
+        (5, 3),
+        (30, 1),
+        (77, 50),
+        (100, 68),
+        (160, 24),
+        (0, 190),
+    ] {
+        let (lo, hi) = (base + from_h * 3600, base + (from_h + hours) * 3600);
+        let [mut start, mut end] = store.held_shares_both_ways(lo, hi).await.unwrap();
+        for (used, idle) in [&mut start, &mut end] {
+            used.sort_by(|a, b| (a.gpu_id, &a.team).cmp(&(b.gpu_id, &b.team)));
+            idle.sort_by(|a, b| {
+                (&a.workload, &a.used_by, &a.owner, a.gpu_id).cmp(&(
+                    &b.workload,
+                    &b.used_by,
+                    &b.owner,
+                    b.gpu_id,
+                ))
+            });
+        }
+        let at = format!("hours {from_h}..{}", from_h + hours);
+        assert_eq!(start.0.len(), end.0.len(), "{at}: {start:?} vs {end:?}");
+        for (a, b) in start.0.iter().zip(&end.0) {
+            assert_eq!((a.gpu_id, &a.team), (b.gpu_id, &b.team), "{at}");
+            assert!(
+                (a.gpu_hours - b.gpu_hours).abs() < 1e-9,
+                "{at}: {a:?} vs {b:?}"
+            );
+        }
+        assert_eq!(start.1.len(), end.1.len(), "{at}: {start:?} vs {end:?}");
+        for (a, b) in start.1.iter().zip(&end.1) {
+            assert_eq!(
+                (&a.workload, &a.used_by, &a.owner, a.gpu_id, &a.kind),
+                (&b.workload, &b.used_by, &b.owner, b.gpu_id, &b.kind),
+                "{at}"
+            );
+            assert!((a.hours - b.hours).abs() < 1e-9, "{at}: {a:?} vs {b:?}");
+        }
+        compared.0 += start.0.len();
+        compared.1 += start.1.len();
+    }
+    assert!(
+        compared.0 > 20 && compared.1 > 5,
+        "the random fleets hold hours and leave some idle: {compared:?}"
+    );
+}
+
 /// Property: the used-by and allocated-idle day rollups, kept as pushes arrive in any order
 /// (late samples, allocations that close later, MIG instances, shared GPUs, rate-less GPUs, a
 /// change of owner mid-day), give exactly what the allocations themselves give, for windows
@@ -2490,6 +2546,7 @@ async fn edge_days_from_day_rows_match_their_hours(store: Store) {
 both!(
     edge_days_from_day_rows_match_their_hours,
     used_by_rollup_equals_recomputation_on_random_fleets,
+    allocations_found_by_start_or_end_hold_the_same_hours,
     group_rollups_equal_per_gpu_rows_on_random_fleets,
 );
 
