@@ -435,8 +435,8 @@ impl Store {
     }
 
     /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) only when
-    /// `with_mem` (a read of the index by GPU per GPU and both edges from their hours, which
-    /// the summary and the per-GPU tables do without).
+    /// `with_mem` (a read of the index by GPU per GPU, and of the edge days' peaks, which the
+    /// summary and the per-GPU tables do without).
     async fn gpu_windows_of(
         &self,
         window: Window,
@@ -799,9 +799,8 @@ fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
 /// present hour and is left out, as it was never read before.
 ///
 /// With `with_mem` the whole days' peak memory is read from the index by GPU (`gpu_days_gpu`
-/// carries it) and both edges from their hours: a maximum cannot be subtracted, and the
-/// hours ahead of the clock, which nearly every GPU has, would send each GPU's peak of the
-/// last edge to its hours one by one (slower than the scan by hour). Without, `mem` is NULL.
+/// carries it). A maximum cannot be subtracted: an edge day read by day gives its peak as
+/// [`edge_day_mem`] does. Without, `mem` is NULL.
 pub(crate) fn running_window_rows(
     window: Window,
     now: DateTime<Utc>,
@@ -809,11 +808,7 @@ pub(crate) fn running_window_rows(
 ) -> ([i64; 6], String) {
     let binds = window_binds(window, now);
     let [edge1, edge2] = edge_rows(false, None);
-    let (first_by_day, last_by_day) = if with_mem {
-        (false, false)
-    } else {
-        edges_by_day(window, now)
-    };
+    let (first_by_day, last_by_day) = edges_by_day(window, now);
     let lo = if first_by_day { "($1 - 86400)" } else { "$1" };
     let hi = if last_by_day { "($2 + 86400)" } else { "$2" };
     let first_last = |dir: &str| {
@@ -824,18 +819,45 @@ pub(crate) fn running_window_rows(
     };
     let (first, last) = (first_last("ASC"), first_last("DESC"));
     let run = |own: &str, run: &str| format!("z.{run} - a.{run} + a.{own}");
+    let mut edge_peaks = String::new();
     let mem = if with_mem {
-        "(SELECT MAX(d.mem_max) FROM gpu_days d WHERE d.gpu_id = c.gpu_id AND d.day >= $1 \
-         AND d.day < $2)"
+        let mut peaks = vec!["SELECT MAX(d.mem_max) AS m FROM gpu_days d \
+             WHERE d.gpu_id = c.gpu_id AND d.day >= $1 AND d.day < $2"
+            .to_string()];
+        for (by_day, name, day, outside, inside) in [
+            (
+                first_by_day,
+                "e1",
+                "$1 - 86400",
+                "h.hour >= $1 - 86400 AND h.hour < $3",
+                "h.hour >= $3 AND h.hour < $4",
+            ),
+            (
+                last_by_day,
+                "e2",
+                "$5",
+                "h.hour >= $6 AND h.hour < $5 + 86400",
+                "h.hour >= $5 AND h.hour < $6",
+            ),
+        ] {
+            if by_day {
+                edge_peaks.push_str(&format!(
+                    " LEFT JOIN ({}) {name} ON {name}.gpu_id = c.gpu_id",
+                    edge_day_mem(day, outside, inside)
+                ));
+                peaks.push(format!("SELECT {name}.m"));
+            }
+        }
+        format!("(SELECT MAX(m) FROM ({}) p)", peaks.join(" UNION ALL "))
     } else {
-        "CAST(NULL AS DOUBLE PRECISION)"
+        "CAST(NULL AS DOUBLE PRECISION)".to_string()
     };
     let mut union = format!(
         "SELECT a.gpu_id, 0 AS o_from, 0 AS t, {} AS present, {} AS known, {} AS idle, \
          {} AS alloc, {} AS alloc_idle, {} AS act, f.mem AS mem, \
          {} AS b_hours, {} AS b_usd \
          FROM (SELECT c.gpu_id, {first} AS lo_day, {last} AS hi_day, {mem} AS mem \
-           FROM cover c) f \
+           FROM cover c{edge_peaks}) f \
          JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
          JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day",
         run("present_hours", "run_present"),
@@ -852,13 +874,32 @@ pub(crate) fn running_window_rows(
         (last_by_day, "h.hour >= $6 AND h.hour < $2 + 86400", edge2),
     ] {
         let rows = if by_day {
-            negated_hour_rows(outside)
+            negated_hour_rows(None, outside)
         } else {
             edge
         };
         union.push_str(&format!(" UNION ALL {rows}"));
     }
     (binds, union)
+}
+
+/// Each GPU's peak memory (`gpu_id`, `m`) in the window's part (`{inside}`) of the edge day
+/// `day`, read as a day: the day row's peak unless an hour of the day outside the window
+/// (`{outside}`) reached it, and only then the hours inside. The outside hours are few (an
+/// edge is read by day where they are; the hours ahead of the clock hold no sample) and read
+/// for every GPU at once in hour order: grouped by an expression of `gpu_id`, which SQLite
+/// cannot take from the index by GPU's order (it would walk that index GPU by GPU and look up
+/// each row's peak in the table), and whose `CAST` keeps the integer affinity SQLite needs to
+/// index the result for the join. Nearly every GPU costs its day row and a row or two.
+fn edge_day_mem(day: &str, outside: &str, inside: &str) -> String {
+    format!(
+        "SELECT ed.gpu_id, CASE WHEN COALESCE(o.m, -1) < ed.mem_max THEN ed.mem_max \
+         ELSE (SELECT MAX(h.mem_max) FROM gpu_hours h WHERE h.gpu_id = ed.gpu_id AND {inside}) \
+         END AS m FROM gpu_days ed LEFT JOIN (\
+           SELECT CAST(h.gpu_id AS BIGINT) AS gpu_id, MAX(h.mem_max) AS m FROM gpu_hours h \
+           WHERE {outside} GROUP BY CAST(h.gpu_id AS BIGINT)) o ON o.gpu_id = ed.gpu_id \
+         WHERE ed.day = {day}"
+    )
 }
 
 /// Which edge days of a window to read as their day row less the hours of that day outside
@@ -885,20 +926,46 @@ pub(crate) fn edges_by_day_of(binds: [i64; 6], ends_now: bool) -> (bool, bool) {
 }
 
 /// One row per GPU (physical or MIG) for the edge day `day` of a window: its day row less its
-/// hour rows where `{range}` (the day's hours outside the window), as [`window_rows`]' columns
-/// with the bucket `t` = `day`, no owner period and no peak memory. GPUs left with no present
-/// hour are left out: none of their hours was in the window.
-fn net_day_rows(day: &str, range: &str) -> String {
-    format!(
-        "SELECT e.gpu_id, 0 AS o_from, {day} AS t, {WINDOW_SUMS} FROM (\
-           SELECT d.gpu_id, 0 AS o_from, 0 AS t, d.present_hours AS present, \
+/// hour rows where `{outside}` (the day's hours outside the window), as [`window_rows`]'
+/// columns with the bucket `t` = `day` and no peak memory. GPUs left with no present hour
+/// are left out: none of their hours was in the window.
+///
+/// With `owned`, each row carries its owner period: one period covers the whole day of a GPU
+/// whose owner did not change within it, so its day row and hour rows share that period. A
+/// GPU-day a change of owner splits (`split`) is read from its hours where `{inside}` (the
+/// window's part of the day) instead, each hour under its own period.
+fn net_day_rows(owned: bool, day: &str, outside: &str, inside: &str) -> String {
+    let (o_from, day_period, unsplit) = if owned {
+        (
+            "o.from_ts",
+            " JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts <= d.day AND o.to_ts > d.day",
+            " AND NOT EXISTS (SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day)",
+        )
+    } else {
+        ("0", "", "")
+    };
+    let mut rows = format!(
+        "SELECT e.gpu_id, e.o_from, {day} AS t, {WINDOW_SUMS} FROM (\
+           SELECT d.gpu_id, {o_from} AS o_from, 0 AS t, d.present_hours AS present, \
            d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
            d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, \
            CAST(NULL AS DOUBLE PRECISION) AS mem, d.billed_hours AS b_hours, \
-           d.billed_usd AS b_usd FROM gpu_days d WHERE d.day = {day} \
-           UNION ALL {}) e GROUP BY e.gpu_id HAVING SUM(e.present) > 0",
-        negated_hour_rows(range)
-    )
+           d.billed_usd AS b_usd FROM gpu_days d{day_period} WHERE d.day = {day}{unsplit} \
+           UNION ALL {}) e GROUP BY e.gpu_id, e.o_from HAVING SUM(e.present) > 0",
+        negated_hour_rows(owned.then_some(day), outside)
+    );
+    if owned {
+        rows.push_str(&format!(
+            " UNION ALL {}",
+            hour_rows(
+                true,
+                None,
+                "split s CROSS JOIN gpu_hours h",
+                &format!("s.day = {day} AND h.gpu_id = s.gpu_id AND {inside}"),
+            )
+        ));
+    }
+    rows
 }
 
 /// Every GPU's present hours in a window of binds `$1..$6` ([`window_binds`]), as
@@ -946,17 +1013,30 @@ fn running_present_rows(binds: [i64; 6], ends_now: bool) -> String {
 }
 
 /// The hour rows of `gpu_hours h` where `{range}` with every figure negated and no peak
-/// memory: the part of an edge day's row outside the window, taken back off it.
-fn negated_hour_rows(range: &str) -> String {
+/// memory: the part of an edge day's row outside the window, taken back off it. With
+/// `owned_day`, the edge day `d`, each row carries its owner period, and the GPUs a change of
+/// owner splits that day are left out (see [`net_day_rows`]).
+fn negated_hour_rows(owned_day: Option<&str>, range: &str) -> String {
+    let (o_from, owner, period) = match owned_day {
+        Some(day) => (
+            "o.from_ts",
+            " CROSS JOIN gpu_owners o",
+            format!(
+                " AND o.gpu_id = h.gpu_id AND o.from_ts <= +h.hour AND o.to_ts > +h.hour \
+                 AND NOT EXISTS (SELECT 1 FROM split s WHERE s.gpu_id = h.gpu_id AND s.day = {day})"
+            ),
+        ),
+        None => ("0", "", String::new()),
+    };
     format!(
-        "SELECT h.gpu_id, 0 AS o_from, 0, -1, \
+        "SELECT h.gpu_id, {o_from} AS o_from, 0, -1, \
          -(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END), \
          -(CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END), -h.allocated, \
          -(CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END), \
          -(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END), \
          CAST(NULL AS DOUBLE PRECISION), \
          -(CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END), -COALESCE(h.billed_usd, 0) \
-         FROM gpu_hours h WHERE {range}"
+         FROM gpu_hours h{owner} WHERE {range}{period}"
     )
 }
 
@@ -966,6 +1046,10 @@ fn window_binds(window: Window, now: DateTime<Utc>) -> [i64; 6] {
     let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
     [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1]
 }
+
+/// The shortest last edge of a window that a per-day sum by owner reads as its day row less
+/// the hours outside the window (see [`window_rows_of`]).
+const OWNED_LAST_EDGE_BY_DAY: i64 = 6 * 3600;
 
 fn window_rows_of(
     window: Window,
@@ -977,15 +1061,32 @@ fn window_rows_of(
     let o_from = if owned { "o.from_ts" } else { "0" };
     let drive = only.map_or(String::new(), |o| format!("{o} CROSS JOIN "));
     let [mut edge1, mut edge2] = edge_rows(owned, only);
-    // Sums per day over every GPU, without owner periods (the rollups' readers): an edge day
-    // may be its day rows less the hours outside the window ([`edges_by_day`]).
-    if dirty_only && !owned && only.is_none() {
-        let (first, last) = edges_by_day(window, now);
+    // Sums per day over every GPU (the rollups' readers): an edge day may be its day rows
+    // less the hours outside the window ([`edges_by_day`]).
+    if dirty_only && only.is_none() {
+        let (first, mut last) = edges_by_day(window, now);
+        if owned {
+            // Each row read by owner costs a lookup of its period, and a day row the check
+            // for a change of owner that day: the first hours of today are fewer rows read
+            // from their hours.
+            let [.., e2_lo, e2_hi] = window_binds(window, now);
+            last = last && e2_hi - e2_lo >= OWNED_LAST_EDGE_BY_DAY;
+        }
         if first {
-            edge1 = net_day_rows("($1 - 86400)", "h.hour >= $1 - 86400 AND h.hour < $3");
+            edge1 = net_day_rows(
+                owned,
+                "($1 - 86400)",
+                "h.hour >= $1 - 86400 AND h.hour < $3",
+                "h.hour >= $3 AND h.hour < $4",
+            );
         }
         if last {
-            edge2 = net_day_rows("$5", "h.hour >= $6 AND h.hour < $5 + 86400");
+            edge2 = net_day_rows(
+                owned,
+                "$5",
+                "h.hour >= $6 AND h.hour < $5 + 86400",
+                "h.hour >= $5 AND h.hour < $6",
+            );
         }
     }
     let split_hours = hour_rows(

@@ -2259,6 +2259,28 @@ async fn assert_window_figures_match(store: &Store, w: Window, now: DateTime<Utc
         summary.total.idle_hours,
         "{at}"
     );
+    // Each team's daily trend (every row under its owner period, edge days from their day
+    // rows less the hours outside the window, a GPU-day a change of owner splits from its
+    // hours) adds up to its group of the summary.
+    for g in &summary.groups {
+        let one = Filters {
+            team: vec![g.key.clone()],
+            ..Default::default()
+        };
+        let days = store.series(w, &one, true, now).await.unwrap();
+        let sum = |f: fn(&gpuledger_store::SeriesPoint) -> i64| days.iter().map(f).sum::<i64>();
+        assert_eq!(
+            (
+                sum(|p| p.gpu_hours),
+                sum(|p| p.busy_hours),
+                sum(|p| p.idle_hours),
+                sum(|p| p.allocated_hours)
+            ),
+            (g.gpu_hours, g.busy_hours, g.idle_hours, g.allocated_hours),
+            "{at}: team {}",
+            g.key
+        );
+    }
     // Used-by: whole days from its day rollup and present hours from the day rows' running
     // totals, against the allocations and the plain present hours.
     let fast = store
@@ -2404,6 +2426,17 @@ async fn used_by_rollup_equals_recomputation_on_random_fleets(store: Store) {
             "2026-11-26T01:00:00Z",
             "2026-11-28T23:00:00Z",
             "2026-12-02T12:00:00Z",
+        ),
+        // Edge days on the day a GPU changes owner at 13:00, first and last.
+        (
+            "2026-11-28T05:00:00Z",
+            "2026-11-30T20:00:00Z",
+            "2026-11-30T19:40:00Z",
+        ),
+        (
+            "2026-11-26T10:00:00Z",
+            "2026-11-28T18:00:00Z",
+            "2026-11-28T17:20:00Z",
         ),
     ] {
         let w = hours_window(from, to);
