@@ -448,7 +448,7 @@ impl Store {
         // GPU without looking up a period for each row (most of the cost), then given that
         // period. Only the GPUs whose owner changed within the window (`nc`) are read row by
         // row, each row under the period it fell in, through the per-GPU indexes.
-        let (binds_at, unowned) = running_window_rows(window, now, with_mem);
+        let (binds_at, unowned, peaks) = running_window_rows(window, now, with_mem);
         let (_, changed) = window_rows_of_only(window, now, "nc");
         const HI: &str = "(CASE WHEN $6 > $4 THEN $6 ELSE $4 END)";
         let rows = format!(
@@ -461,7 +461,7 @@ impl Store {
              GROUP BY gpu_id, o_from"
         );
         let ctes = format!(
-            "{SPLIT_DAYS}, \
+            "{SPLIT_DAYS}, {peaks}\
              span AS (SELECT gpu_id, from_ts, to_ts FROM gpu_owners \
                WHERE from_ts < {HI} AND to_ts > $3), \
              cover AS (SELECT gpu_id, from_ts FROM span WHERE from_ts <= $3 AND to_ts >= {HI}), \
@@ -800,12 +800,13 @@ fn edge_rows(owned: bool, only: Option<&str>) -> [String; 2] {
 ///
 /// With `with_mem` the whole days' peak memory is read from the index by GPU (`gpu_days_gpu`
 /// carries it). A maximum cannot be subtracted: an edge day read by day gives its peak as
-/// [`edge_day_mem`] does. Without, `mem` is NULL.
+/// [`edge_day_mem`] does, in the CTEs returned third (each followed by a comma, to go before
+/// `cover`'s). Without, `mem` is NULL and there are none.
 pub(crate) fn running_window_rows(
     window: Window,
     now: DateTime<Utc>,
     with_mem: bool,
-) -> ([i64; 6], String) {
+) -> ([i64; 6], String, String) {
     let binds = window_binds(window, now);
     let [edge1, edge2] = edge_rows(false, None);
     let (first_by_day, last_by_day) = edges_by_day(window, now);
@@ -819,7 +820,7 @@ pub(crate) fn running_window_rows(
     };
     let (first, last) = (first_last("ASC"), first_last("DESC"));
     let run = |own: &str, run: &str| format!("z.{run} - a.{run} + a.{own}");
-    let mut edge_peaks = String::new();
+    let (mut edge_peaks, mut peak_ctes) = (String::new(), String::new());
     let mem = if with_mem {
         let mut peaks = vec!["SELECT MAX(d.mem_max) AS m FROM gpu_days d \
              WHERE d.gpu_id = c.gpu_id AND d.day >= $1 AND d.day < $2"
@@ -841,10 +842,11 @@ pub(crate) fn running_window_rows(
             ),
         ] {
             if by_day {
-                edge_peaks.push_str(&format!(
-                    " LEFT JOIN ({}) {name} ON {name}.gpu_id = c.gpu_id",
+                peak_ctes.push_str(&format!(
+                    "{name} AS MATERIALIZED ({}), ",
                     edge_day_mem(day, outside, inside)
                 ));
+                edge_peaks.push_str(&format!(" LEFT JOIN {name} ON {name}.gpu_id = c.gpu_id"));
                 peaks.push(format!("SELECT {name}.m"));
             }
         }
@@ -880,7 +882,7 @@ pub(crate) fn running_window_rows(
         };
         union.push_str(&format!(" UNION ALL {rows}"));
     }
-    (binds, union)
+    (binds, union, peak_ctes)
 }
 
 /// Each GPU's peak memory (`gpu_id`, `m`) in the window's part (`{inside}`) of the edge day
@@ -890,7 +892,9 @@ pub(crate) fn running_window_rows(
 /// for every GPU at once in hour order: grouped by an expression of `gpu_id`, which SQLite
 /// cannot take from the index by GPU's order (it would walk that index GPU by GPU and look up
 /// each row's peak in the table), and whose `CAST` keeps the integer affinity SQLite needs to
-/// index the result for the join. Nearly every GPU costs its day row and a row or two.
+/// index the result for the join. Nearly every GPU costs its day row and a row or two. Read
+/// as a `MATERIALIZED` CTE, once: as a table joined to each GPU, PostgreSQL ran it GPU by
+/// GPU, each time over every GPU's outside hours.
 fn edge_day_mem(day: &str, outside: &str, inside: &str) -> String {
     format!(
         "SELECT ed.gpu_id, CASE WHEN COALESCE(o.m, -1) < ed.mem_max THEN ed.mem_max \
