@@ -64,17 +64,32 @@ fn widen(touched: &mut BTreeMap<i64, (i64, i64)>, id: i64, lo: i64, hi: i64) {
     *e = (e.0.min(lo), e.1.max(hi));
 }
 
+/// GPUs grouped by their range, widened to whole hours, so each range is one statement.
+fn by_hour_range(ranges: BTreeMap<i64, (i64, i64)>) -> BTreeMap<(i64, i64), Vec<i64>> {
+    let mut by_range: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+    for (id, (lo, hi)) in ranges {
+        by_range
+            .entry((hour_floor(lo), hour_floor(hi - 1) + HOUR_SECS))
+            .or_default()
+            .push(id);
+    }
+    by_range
+}
+
+/// Clear the billed share of the hours of GPUs `IDS` in `[$1, $2)`: run over the ranges that
+/// billed periods covered before an import ([`SPREAD_BILLED`] sets a share only on hours a
+/// period covers, so no other hour holds one), ahead of setting the shares again.
+const CLEAR_BILLED: &str = "UPDATE gpu_hours SET billed_usd = NULL \
+     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND billed_usd IS NOT NULL";
+
 /// An hour's billed share, for the hours of GPUs `IDS` in `[$1, $2)` before `$3`: the sum
-/// over the billed periods covering it of each period's bill over its present hours; NULL
-/// (an estimate only) where none covers it. First every share in the range is cleared, then
-/// the covered hours are set from a join driven by the periods (`CROSS JOIN` keeps SQLite's
-/// planner from turning it round): each period reads its own hours by key. Asking every hour
-/// for its periods instead read all earlier periods of its GPU, quadratic in the history
-/// (20–58 s per 500 GPUs at 10,000 GPUs × 90 days).
-const SPREAD_BILLED: [&str; 2] = [
-    "UPDATE gpu_hours SET billed_usd = NULL \
-     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND billed_usd IS NOT NULL",
-    "UPDATE gpu_hours SET billed_usd = s.usd FROM (\
+/// over the billed periods covering it of each period's bill over its present hours, set
+/// from a join driven by the periods (`CROSS JOIN` keeps SQLite's planner from turning it
+/// round): each period reads its own hours by key. Asking every hour for its periods instead
+/// read all earlier periods of its GPU, quadratic in the history (20–58 s per 500 GPUs at
+/// 10,000 GPUs × 90 days). Hours no period covers keep NULL (an estimate only), as
+/// [`CLEAR_BILLED`] left them.
+const SPREAD_BILLED: &str = "UPDATE gpu_hours SET billed_usd = s.usd FROM (\
        SELECT h.gpu_id AS gid, h.hour AS hr, SUM(bp.billed_usd / bp.hours) AS usd \
        FROM billed_gpu_periods bp CROSS JOIN gpu_hours h WHERE h.gpu_id = bp.gpu_id \
        AND h.hour >= bp.period_start AND h.hour < bp.period_end \
@@ -82,8 +97,7 @@ const SPREAD_BILLED: [&str; 2] = [
        AND bp.gpu_id IN (IDS) AND bp.hours > 0 \
        AND bp.period_start < $2 AND bp.period_end > $1 \
        GROUP BY h.gpu_id, h.hour) s \
-     WHERE gpu_hours.gpu_id = s.gid AND gpu_hours.hour = s.hr",
-];
+     WHERE gpu_hours.gpu_id = s.gid AND gpu_hours.hour = s.hr";
 
 impl Store {
     /// Read a FOCUS export, reconcile its GPU spend with the estimates per GPU, team and month,
@@ -209,8 +223,10 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         // The GPU-hours whose billed share changes: what the file said before, and what it
-        // says now.
+        // says now. Only the first (and the periods of other files it replaces) may hold a
+        // share to clear.
         let mut touched: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        let mut billed_before: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         let before: Vec<(i64, i64, i64)> = sqlx::query_as(&self.sql(
             "SELECT gpu_id, MIN(period_start), MAX(period_end) FROM billed_gpu_periods \
              WHERE file_id = $1 GROUP BY gpu_id",
@@ -220,6 +236,7 @@ impl Store {
         .await?;
         for (id, lo, hi) in before {
             widen(&mut touched, id, lo, hi);
+            widen(&mut billed_before, id, lo, hi);
         }
         sqlx::query(&self.sql("DELETE FROM billed_gpu_periods WHERE file_id = $1"))
             .bind(file_id)
@@ -261,25 +278,23 @@ impl Store {
         .await?;
         for (id, lo, hi) in replaced {
             widen(&mut touched, id, lo, hi);
+            widen(&mut billed_before, id, lo, hi);
         }
         sqlx::query(&self.sql(&format!("DELETE {overlap}")))
             .bind(file_id)
             .execute(&mut *tx)
             .await?;
-        // Spread each GPU's billed periods over their present hours (as counted above), and
-        // roll the days up again.
-        let mut by_range: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
-        for (id, (lo, hi)) in touched {
-            by_range
-                .entry((hour_floor(lo), hour_floor(hi - 1) + HOUR_SECS))
-                .or_default()
-                .push(id);
+        // Clear what the periods before covered (a first import clears nothing: reading
+        // every hour of its range for a share took half of a 10,000-GPU import), spread each
+        // GPU's billed periods over their present hours (as counted above), and roll the days
+        // up again.
+        for ((lo, hi), ids) in &by_hour_range(billed_before) {
+            self.for_ids(&mut tx, ids, *lo, *hi, None, CLEAR_BILLED)
+                .await?;
         }
-        for ((lo, hi), ids) in &by_range {
-            for sql in SPREAD_BILLED {
-                self.for_ids(&mut tx, ids, *lo, *hi, Some(cap as f64), sql)
-                    .await?;
-            }
+        for ((lo, hi), ids) in &by_hour_range(touched) {
+            self.for_ids(&mut tx, ids, *lo, *hi, Some(cap as f64), SPREAD_BILLED)
+                .await?;
             self.reroll_days(&mut tx, ids, day_floor(*lo), day_floor(*hi - 1) + DAY_SECS)
                 .await?;
         }
