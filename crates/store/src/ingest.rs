@@ -98,7 +98,30 @@ struct Batch {
 /// Samples per INSERT statement.
 const SAMPLE_CHUNK: usize = 128;
 
-/// `end_ts, source, kind, user_name, team, owner, context` of a stored allocation.
+/// Allocation keys per lookup statement, and allocations per INSERT.
+const ALLOCATION_CHUNK: usize = 200;
+
+/// An allocation's key: GPU id, workload, start.
+type AllocationKey = (i64, String, i64);
+
+/// A [`StoredAllocation`] led by its key, as read back.
+type StoredRow = (
+    i64,
+    String,
+    i64,
+    Option<i64>,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// `end_ts, source, kind, user_name, team, owner, context, avg_util_pct, avg_mem_mib` of a
+/// stored allocation.
 type StoredAllocation = (
     Option<i64>,
     String,
@@ -446,7 +469,18 @@ impl Store {
         b: &mut Batch,
         allocations: &[(usize, PushAllocation)],
     ) -> Result<()> {
-        // Allocations.
+        // What is stored of the body's allocations, by key; writes wait in `pending` and go
+        // many to a statement (a row per allocation cost three statements a row).
+        let keys: BTreeSet<AllocationKey> = allocations
+            .iter()
+            .filter_map(|(_, a)| {
+                let (id, _) = b.known.get(&a.gpu_uuid)?;
+                Some((*id, a.workload.clone(), a.start.timestamp()))
+            })
+            .collect();
+        let mut stored = self.stored_allocations(tx, keys).await?;
+        let mut pending: Vec<(AllocationKey, StoredAllocation)> = Vec::new();
+        let mut parents: HashMap<String, Option<i64>> = HashMap::new();
         for (i, a) in allocations {
             let Some((id, rec)) = b.known.get(&a.gpu_uuid) else {
                 b.out.rejected.push(unknown_gpu(
@@ -473,6 +507,8 @@ impl Store {
                 && !a.context.is_empty()
                 && self.settings.ownership.reads_workloads()
             {
+                // The holders it reads include this body's earlier allocations.
+                self.write_allocations(tx, &mut pending).await?;
                 if let Some((uuid, team)) = self.owner_with(tx, rec, a).await? {
                     if !who.may_write(&team) {
                         b.out.rejected.push(Rejection::forbidden(
@@ -491,16 +527,8 @@ impl Store {
             let end = a.end.map(|e| e.timestamp());
             let context = (!a.context.is_empty())
                 .then(|| serde_json::to_string(&a.context).unwrap_or_default());
-            let old: Option<StoredAllocation> = sqlx::query_as(&self.sql(
-                "SELECT end_ts, source, kind, user_name, team, owner, context, avg_util_pct, \
-                 avg_mem_mib FROM allocations \
-                 WHERE gpu_id = $1 AND workload = $2 AND start_ts = $3",
-            ))
-            .bind(*id)
-            .bind(a.workload.clone())
-            .bind(start)
-            .fetch_optional(&mut **tx)
-            .await?;
+            let key = (*id, a.workload.clone(), start);
+            let old: Option<StoredAllocation> = stored.get(&key).cloned();
             if let Some((old_end, old_source, kind, user, team, owner, old_context, util, mem)) =
                 &old
             {
@@ -530,29 +558,19 @@ impl Store {
             } else {
                 b.out.accepted.allocations += 1;
             }
-            sqlx::query(&self.sql(
-            "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, team, \
-             source, owner, context, avg_util_pct, avg_mem_mib) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-             ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
-             kind = excluded.kind, user_name = excluded.user_name, team = excluded.team, \
-             owner = excluded.owner, context = excluded.context, \
-             avg_util_pct = excluded.avg_util_pct, avg_mem_mib = excluded.avg_mem_mib",
-        ))
-        .bind(*id)
-        .bind(start)
-        .bind(end)
-        .bind(a.workload.clone())
-        .bind(a.kind.as_str())
-        .bind(a.user.clone())
-        .bind(a.team.clone())
-        .bind(who.source.clone())
-        .bind(a.owner.clone())
-        .bind(context)
-        .bind(F64(a.avg_util_pct))
-        .bind(F64(a.avg_mem_used_mib))
-        .execute(&mut **tx)
-        .await?;
+            let row: StoredAllocation = (
+                end,
+                who.source.clone(),
+                a.kind.as_str().to_string(),
+                a.user.clone(),
+                a.team.clone(),
+                a.owner.clone(),
+                context,
+                a.avg_util_pct,
+                a.avg_mem_used_mib,
+            );
+            stored.insert(key.clone(), row.clone());
+            pending.push((key, row));
             // Re-flag every hour the allocation covers now or ever covered: an open one that
             // gets its end (late, or when its pod goes with its GPU) leaves allocated hours
             // behind otherwise.
@@ -572,11 +590,18 @@ impl Store {
             );
             // An allocation on a MIG instance makes its physical GPU's hour allocated.
             if let Some(parent) = &rec.mig_parent_uuid {
-                let parent_id: Option<i64> =
-                    sqlx::query_scalar(&self.sql("SELECT id FROM gpus WHERE uuid = $1"))
-                        .bind(parent.clone())
-                        .fetch_optional(&mut **tx)
-                        .await?;
+                let parent_id = match parents.get(parent) {
+                    Some(p) => *p,
+                    None => {
+                        let p: Option<i64> =
+                            sqlx::query_scalar(&self.sql("SELECT id FROM gpus WHERE uuid = $1"))
+                                .bind(parent.clone())
+                                .fetch_optional(&mut **tx)
+                                .await?;
+                        parents.insert(parent.clone(), p);
+                        p
+                    }
+                };
                 if let Some(pid) = parent_id {
                     widen(
                         &mut b.touched.entry(pid).or_default().flags,
@@ -586,7 +611,92 @@ impl Store {
                 }
             }
         }
+        self.write_allocations(tx, &mut pending).await
+    }
 
+    /// What is stored of the allocations `keys`.
+    async fn stored_allocations(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        keys: BTreeSet<AllocationKey>,
+    ) -> Result<HashMap<AllocationKey, StoredAllocation>> {
+        let keys: Vec<AllocationKey> = keys.into_iter().collect();
+        let mut out = HashMap::new();
+        for chunk in keys.chunks(ALLOCATION_CHUNK) {
+            let sql = format!(
+                "WITH k (g, w, s) AS (VALUES {}) \
+                 SELECT a.gpu_id, a.workload, a.start_ts, a.end_ts, a.source, a.kind, a.user_name, \
+                 a.team, a.owner, a.context, a.avg_util_pct, a.avg_mem_mib \
+                 FROM k JOIN allocations a ON a.gpu_id = k.g AND a.workload = k.w \
+                 AND a.start_ts = k.s",
+                values(chunk.len(), 3)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query_as::<_, StoredRow>(&sql);
+            for (id, workload, start) in chunk {
+                q = q.bind(*id).bind(workload.clone()).bind(*start);
+            }
+            for r in q.fetch_all(&mut **tx).await? {
+                out.insert(
+                    (r.0, r.1, r.2),
+                    (r.3, r.4, r.5, r.6, r.7, r.8, r.9, r.10, r.11),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Write the allocations waiting in `pending`, the last of each key (a later one in a body
+    /// replaces an earlier one, as one statement each would have).
+    async fn write_allocations(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        pending: &mut Vec<(AllocationKey, StoredAllocation)>,
+    ) -> Result<()> {
+        let mut last: HashMap<&AllocationKey, usize> = HashMap::new();
+        for (n, (key, _)) in pending.iter().enumerate() {
+            last.insert(key, n);
+        }
+        let rows: Vec<&(AllocationKey, StoredAllocation)> = pending
+            .iter()
+            .enumerate()
+            .filter(|(n, (key, _))| last.get(key) == Some(n))
+            .map(|(_, r)| r)
+            .collect();
+        for chunk in rows.chunks(ALLOCATION_CHUNK) {
+            let sql = format!(
+                "INSERT INTO allocations (gpu_id, start_ts, end_ts, workload, kind, user_name, \
+                 team, source, owner, context, avg_util_pct, avg_mem_mib) VALUES {} \
+                 ON CONFLICT (gpu_id, workload, start_ts) DO UPDATE SET end_ts = excluded.end_ts, \
+                 kind = excluded.kind, user_name = excluded.user_name, team = excluded.team, \
+                 owner = excluded.owner, context = excluded.context, \
+                 avg_util_pct = excluded.avg_util_pct, avg_mem_mib = excluded.avg_mem_mib",
+                values(chunk.len(), 12)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == ALLOCATION_CHUNK);
+            for (
+                (id, workload, start),
+                (end, source, kind, user, team, owner, context, util, mem),
+            ) in chunk.iter().copied()
+            {
+                q = q
+                    .bind(*id)
+                    .bind(*start)
+                    .bind(*end)
+                    .bind(workload.clone())
+                    .bind(kind.clone())
+                    .bind(user.clone())
+                    .bind(team.clone())
+                    .bind(source.clone())
+                    .bind(owner.clone())
+                    .bind(context.clone())
+                    .bind(F64(*util))
+                    .bind(F64(*mem));
+            }
+            q.execute(&mut **tx).await?;
+        }
+        pending.clear();
         Ok(())
     }
 
@@ -598,24 +708,36 @@ impl Store {
         source: &str,
         g: &PushGpu,
     ) -> Result<()> {
-        for (attr, value) in attributes(g) {
-            let attr = match attr {
-                "labels" => format!("labels.{}", value.split('=').next().unwrap_or_default()),
-                other => other.to_string(),
-            };
-            sqlx::query(&self.sql(
+        // One statement per record: its attributes are distinct (labels by key).
+        let attrs: Vec<(String, String)> = attributes(g)
+            .into_iter()
+            .map(|(attr, value)| {
+                let attr = match attr {
+                    "labels" => format!("labels.{}", value.split('=').next().unwrap_or_default()),
+                    other => other.to_string(),
+                };
+                (attr, value)
+            })
+            .collect();
+        for chunk in attrs.chunks(ALLOCATION_CHUNK) {
+            let sql = format!(
                 "INSERT INTO gpu_attrs (gpu_id, attribute, source, value, observed_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (gpu_id, attribute, source) DO UPDATE \
+                 VALUES {} ON CONFLICT (gpu_id, attribute, source) DO UPDATE \
                  SET value = excluded.value, observed_at = excluded.observed_at \
                  WHERE excluded.observed_at >= gpu_attrs.observed_at",
-            ))
-            .bind(id)
-            .bind(attr)
-            .bind(source.to_string())
-            .bind(value)
-            .bind(g.observed_at.timestamp())
-            .execute(&mut **tx)
-            .await?;
+                values(chunk.len(), 5)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql);
+            for (attr, value) in chunk {
+                q = q
+                    .bind(id)
+                    .bind(attr.clone())
+                    .bind(source.to_string())
+                    .bind(value.clone())
+                    .bind(g.observed_at.timestamp());
+            }
+            q.execute(&mut **tx).await?;
         }
         Ok(())
     }

@@ -20,6 +20,22 @@ pub(crate) type HolderRow = (String, String, String, i64, Option<i64>, Option<St
 /// The columns of a [`HolderRow`].
 pub(crate) const HOLDER_COLUMNS: &str = "SELECT workload, kind, source, start_ts, end_ts, context";
 
+/// The holder candidates of the GPUs `IDS` ([`Store::holder_candidates_of`]), each row led by
+/// the GPU's id. The last allocation of each member is found through its key, by start
+/// (`allocations_gpu_start`).
+const HOLDER_CANDIDATES: &str = "WITH fam (pid, gid) AS (\
+       SELECT id, id FROM gpus WHERE id IN (IDS) UNION ALL \
+       SELECT p.id, m.id FROM gpus p JOIN gpus m ON m.mig_parent_uuid = p.uuid \
+       WHERE p.id IN (IDS)), \
+     running AS (SELECT fam.pid, a.workload, a.kind, a.source, a.start_ts, a.end_ts, a.context, \
+       ROW_NUMBER() OVER (PARTITION BY fam.pid ORDER BY a.start_ts, a.workload) AS n \
+       FROM fam JOIN allocations a ON a.gpu_id = fam.gid WHERE a.end_ts IS NULL) \
+     SELECT pid, workload, kind, source, start_ts, end_ts, context FROM running WHERE n <= 64 \
+     UNION ALL \
+     SELECT fam.pid, a.workload, a.kind, a.source, a.start_ts, a.end_ts, a.context \
+     FROM fam JOIN allocations a ON a.id = (SELECT b.id FROM allocations b \
+       WHERE b.gpu_id = fam.gid ORDER BY b.start_ts DESC, b.end_ts DESC LIMIT 1)";
+
 /// The allocations of GPU `$1` (UUID `$2`) and of its MIG instances.
 pub(crate) const HOLDER_FAMILY: &str = "FROM allocations WHERE (gpu_id = $1 OR gpu_id IN \
      (SELECT id FROM gpus WHERE mig_parent_uuid = $2))";
@@ -248,17 +264,27 @@ impl Store {
             }
             targets.extend(q.fetch_all(&mut **tx).await?);
         }
-        for id in targets {
-            let Some(row) =
-                sqlx::query(&self.sql(&format!("SELECT {GPU_COLUMNS} FROM gpus WHERE id = $1")))
-                    .bind(id)
-                    .fetch_optional(&mut **tx)
-                    .await?
-            else {
-                continue;
-            };
-            let (id, old) = gpu_from_row(&row)?;
-            let candidates = self.holder_candidates(tx, id, &old.uuid).await?;
+        let targets: Vec<i64> = targets.into_iter().collect();
+        let mut gpus: BTreeMap<i64, GpuRecord> = BTreeMap::new();
+        for chunk in targets.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT {GPU_COLUMNS} FROM gpus WHERE id IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                let (id, rec) = gpu_from_row(&row)?;
+                gpus.insert(id, rec);
+            }
+        }
+        let mut candidates = self.holder_candidates_of(tx, &targets).await?;
+        for (id, old) in gpus {
+            let candidates = candidates.remove(&id).unwrap_or_default();
             let holders = holders_at(&candidates, i64::MAX);
             if holders == old.holders {
                 continue;
@@ -305,31 +331,56 @@ impl Store {
         Ok(refused)
     }
 
-    /// The allocations the current holders of GPU `id` (UUID `uuid`) can come from: the
-    /// running ones of the GPU and its MIG instances, and the last one to start.
+    /// The allocations the current holders of GPU `id` can come from: the running ones of
+    /// the GPU and its MIG instances, and the last one to start.
     pub(crate) async fn holder_candidates(
         &self,
         tx: &mut Transaction<'_, Any>,
         id: i64,
-        uuid: &str,
     ) -> Result<Vec<Holder>> {
-        let mut rows: Vec<HolderRow> = sqlx::query_as(&self.sql(&format!(
-            "{HOLDER_COLUMNS} {HOLDER_FAMILY} AND end_ts IS NULL ORDER BY start_ts LIMIT 64"
-        )))
-        .bind(id)
-        .bind(uuid.to_string())
-        .fetch_all(&mut **tx)
-        .await?;
-        rows.extend(
-            sqlx::query_as::<_, HolderRow>(&self.sql(&format!(
-                "{HOLDER_COLUMNS} {HOLDER_FAMILY} ORDER BY start_ts DESC, end_ts DESC LIMIT 1"
-            )))
-            .bind(id)
-            .bind(uuid.to_string())
-            .fetch_all(&mut **tx)
-            .await?,
-        );
-        Ok(rows.into_iter().map(holder_of).collect())
+        Ok(self
+            .holder_candidates_of(tx, &[id])
+            .await?
+            .remove(&id)
+            .unwrap_or_default())
+    }
+
+    /// [`Store::holder_candidates`] of many GPUs, a few statements per 500 of them: the
+    /// running allocations of each GPU's family (the GPU and its MIG instances), the first 64
+    /// by start, and the last allocation to start of each member. [`holders_at`] takes the
+    /// running ones, or when none runs the last of those to start, which is the family's.
+    pub(crate) async fn holder_candidates_of(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+    ) -> Result<BTreeMap<i64, Vec<Holder>>> {
+        let mut out: BTreeMap<i64, Vec<Holder>> = BTreeMap::new();
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = HOLDER_CANDIDATES.replace("IDS", &marks.join(","));
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query_as::<
+                _,
+                (
+                    i64,
+                    String,
+                    String,
+                    String,
+                    i64,
+                    Option<i64>,
+                    Option<String>,
+                ),
+            >(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for (id, workload, kind, source, start, end, context) in q.fetch_all(&mut **tx).await? {
+                out.entry(id)
+                    .or_default()
+                    .push(holder_of((workload, kind, source, start, end, context)));
+            }
+        }
+        Ok(out)
     }
 
     /// The physical GPU `a` lands on (the GPU itself, or a MIG instance's parent) and the team
@@ -353,7 +404,7 @@ impl Store {
             return Ok(None);
         };
         let (id, mut gpu) = gpu_from_row(&row)?;
-        let mut candidates = self.holder_candidates(tx, id, &uuid).await?;
+        let mut candidates = self.holder_candidates(tx, id).await?;
         candidates.push(Holder {
             workload: a.workload.clone(),
             kind: a.kind.as_str().to_string(),

@@ -139,6 +139,7 @@ both_reopening!(
 both!(
     scenario_summary_matches_hand_computation,
     ingest_resend_changes_nothing,
+    ingest_an_allocation_named_twice_in_a_body_keeps_the_later,
     ingest_scopes_refuse_other_teams,
     ingest_other_source_cannot_overwrite,
     ingest_unknown_gpu_samples_are_rejected_and_rest_kept,
@@ -376,6 +377,87 @@ async fn ingest_resend_changes_nothing(store: Store) {
         .await
         .unwrap();
     assert_eq!(before, after);
+}
+
+/// A body may name one allocation twice (an open pod, then its end): the later one is what is
+/// stored, as if each had been its own push; and a body of more allocations than one statement
+/// writes loses none of them and finds them all again when re-sent.
+async fn ingest_an_allocation_named_twice_in_a_body_keeps_the_later(store: Store) {
+    let p = who("hand", None);
+    push(&store, &p, SCENARIO).await;
+    let b_job = |end: &str| {
+        format!(
+            r#"{{"gpu_uuid":"{B}","start":"2026-12-01T11:00:00Z","end":{end},"workload":"12345","kind":"slurm_job","user":"bob","team":"vision"}}"#
+        )
+    };
+    let many: Vec<String> = (0..250)
+        .map(|i| {
+            format!(
+                r#"{{"gpu_uuid":"{A}","start":"2026-12-01T00:{:02}:{:02}Z","end":"2026-12-01T00:{:02}:{:02}Z","workload":"nlp/burst-{i}","kind":"pod","team":"nlp"}}"#,
+                i / 6,
+                (i % 6) * 10,
+                i / 6,
+                (i % 6) * 10 + 5
+            )
+        })
+        .collect();
+    let allocated = |s: &gpuledger_model::Summary| group(&s.groups, "vision").allocated_hours;
+    let short = format!(
+        r#"{{"gpu_uuid":"{B}","start":"2026-12-01T11:10:00Z","end":"2026-12-01T11:20:00Z","workload":"67890","kind":"slurm_job","team":"vision"}}"#
+    );
+    let body = format!(
+        r#"{{"allocations":[{},{short},{},{short},{}]}}"#,
+        b_job("null"),
+        many.join(","),
+        b_job(r#""2026-12-01T12:00:00Z""#)
+    );
+    let out = push(&store, &p, &body).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    assert_eq!(out.accepted.allocations, 254);
+    assert_eq!(
+        out.duplicates.allocations, 2,
+        "the open job is the stored one, and the short job's second naming the first"
+    );
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(allocated(&s), 1, "closed at 12:00: hour 11 only");
+    let a = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+    assert_eq!(a.allocations.len(), 251, "ft-0 and the 250 bursts");
+    let again = push(
+        &store,
+        &p,
+        &format!(r#"{{"allocations":[{}]}}"#, many.join(",")),
+    )
+    .await;
+    assert_eq!(
+        (again.accepted.allocations, again.duplicates.allocations),
+        (250, 250)
+    );
+    // The other way round: the open job named last is stored open again; the short job,
+    // changed twice, keeps its last end.
+    let body = format!(
+        r#"{{"allocations":[{},{},{},{short}]}}"#,
+        b_job(r#""2026-12-01T12:00:00Z""#),
+        short.replace("11:20:00Z", "11:30:00Z"),
+        b_job("null")
+    );
+    let out = push(&store, &p, &body).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    assert_eq!(allocated(&s), 4, "open again: hours 11-14");
+    let b = store.gpu_detail(B, day(), now()).await.unwrap().unwrap();
+    let ends: Vec<_> = b
+        .allocations
+        .iter()
+        .filter(|a| a.workload == "67890")
+        .map(|a| a.end)
+        .collect();
+    assert_eq!(ends, vec![Some(t("2026-12-01T11:20:00Z"))]);
 }
 
 async fn ingest_scopes_refuse_other_teams(store: Store) {
