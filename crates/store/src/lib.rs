@@ -499,7 +499,7 @@ impl Store {
                                 format!(
                                     "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; \
                                      PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; \
-                                     PRAGMA cache_size = -65536; PRAGMA mmap_size = 268435456;\
+                                     PRAGMA cache_size = -65536; PRAGMA mmap_size = 2147418112;\
                                      {max_pages}"
                                 )
                                 .as_str(),
