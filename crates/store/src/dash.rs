@@ -185,6 +185,40 @@ impl Store {
             .collect()
     }
 
+    /// The daily trend ([`Store::series`] by day) per owner team at each hour: `(team,
+    /// point)` per day of the window and team, whose points add up (each day's) to the
+    /// summary grouped by team. Whole days come from the group rollups; the days listed dirty,
+    /// the split GPU-days and the edges from the per-GPU rows, as for the trend of one team.
+    pub async fn daily_series_by_team(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, SeriesPoint)>> {
+        let (binds_at, union) = crate::query::dirty_window_rows(window, now, true);
+        let (clause, binds) = filters.clause_with(8, "o");
+        let groups = filters.group_clause(8);
+        let sums = POINT_SUMS.replacen("SELECT t,", "SELECT t, team,", 1);
+        let rows = DAY_SUMS.replacen("SELECT u.t AS t,", "SELECT u.t AS t, o.team AS team,", 1);
+        let sql = format!(
+            "WITH {SPLIT_DAYS} \
+             {sums} FROM (\
+               SELECT gd.day AS t, fg.team AS team, gd.gpus AS gpus, gd.present AS present, \
+               gd.known - gd.idle AS busy, gd.idle AS idle, gd.known AS known, \
+               gd.alloc AS alloc, gd.act AS act {CLEAN_DAYS}{groups} \
+               UNION ALL \
+               {rows} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
+               JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
+               WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t, o.team) s \
+             GROUP BY t, team ORDER BY t, team"
+        );
+        self.fetch_window_rows(&sql, binds_at, binds)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("team")?, point(r)?)))
+            .collect()
+    }
+
     /// Mean hourly activity per weekday × hour of day (UTC) over the window.
     pub async fn heatmap(
         &self,

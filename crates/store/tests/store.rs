@@ -2363,6 +2363,44 @@ async fn assert_window_figures_match(store: &Store, w: Window, now: DateTime<Utc
             g.key
         );
     }
+    // The daily trend per team, in one read (the Teams page's week over week), folded per
+    // team: the same figures as each team's group of the summary.
+    let mut by_team: std::collections::BTreeMap<String, gpuledger_store::SeriesPoint> =
+        Default::default();
+    for (team, p) in store
+        .daily_series_by_team(w, &Filters::default(), now)
+        .await
+        .unwrap()
+    {
+        by_team.entry(team).or_default().absorb(&p);
+    }
+    by_team.retain(|_, p| p.gpu_hours > 0);
+    let teams: Vec<&String> = by_team.keys().collect();
+    let groups: Vec<&String> = summary
+        .groups
+        .iter()
+        .filter(|g| g.gpu_hours > 0)
+        .map(|g| &g.key)
+        .collect();
+    assert_eq!(teams, groups, "{at}");
+    for g in &summary.groups {
+        let Some(p) = by_team.get(&g.key) else {
+            continue;
+        };
+        assert_eq!(
+            (p.gpu_hours, p.busy_hours, p.idle_hours, p.allocated_hours),
+            (g.gpu_hours, g.busy_hours, g.idle_hours, g.allocated_hours),
+            "{at}: team {}",
+            g.key
+        );
+        let (a, b) = (p.avg_activity_pct(), g.avg_activity_pct);
+        assert!(
+            a.is_some() == b.is_some()
+                && (a.unwrap_or(0.0) - b.unwrap_or(0.0)).abs() <= 0.005 + 1e-9,
+            "{at}: team {}: {a:?} vs {b:?}",
+            g.key
+        );
+    }
     // Used-by: whole days from its day rollup and present hours from the day rows' running
     // totals, against the allocations and the plain present hours.
     let fast = store

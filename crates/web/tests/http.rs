@@ -1065,6 +1065,52 @@ async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
             );
         }
 
+        // Week over week: each team's activity in the last 7 days and the 7 before, as the
+        // summaries of those weeks say.
+        let week = |from: i64, to: i64| {
+            let at = |d: i64| {
+                (now() - chrono::Duration::days(d))
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            };
+            q(&format!("group_by=team&from={}&to={}", at(from), at(to)))
+        };
+        let this = app
+            .get_json(&format!("/api/v1/summary?{}", week(7, 0)))
+            .await;
+        let last = app
+            .get_json(&format!("/api/v1/summary?{}", week(14, 7)))
+            .await;
+        let activity = |s: &serde_json::Value, team: &str| -> Option<f64> {
+            s["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["key"] == team)
+                .and_then(|g| g["avg_activity_pct"].as_f64())
+        };
+        let mut compared = 0;
+        for row in &rows {
+            let team = row["Team"].as_str();
+            let cell = &row["Week over week"];
+            match (activity(&this, team), activity(&last, team)) {
+                (Some(a), Some(b)) => {
+                    let d = a - b;
+                    assert!(
+                        cell.contains(&format!("{d:+.1} pts")),
+                        "{filter}: {team}: {cell} vs {a} and {b}"
+                    );
+                    compared += 1;
+                }
+                (Some(a), None) => {
+                    assert_eq!(cell, &format!("new ({a:.1} %)"), "{filter}: {team}");
+                    compared += 1;
+                }
+                (None, None) => assert_eq!(cell, "unknown", "{filter}: {team}"),
+                (None, Some(_)) => {}
+            }
+        }
+        assert!(compared > 0 || rows.is_empty(), "{filter}: {rows:?}");
+
         // The team page's total is the summary of the filter and that team.
         let (_, csv) = app
             .get(&format!("/teams/nlp?{}", q("csv=team-by-env")))

@@ -9,7 +9,7 @@ use axum::response::Response;
 use chrono::Duration;
 use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
 use gpuledger_ledger::GroupBy;
-use gpuledger_store::Window;
+use gpuledger_store::{SeriesPoint, Window};
 
 use super::parts::{billed_text, spend_table};
 use super::{col, count, ncol, pct, respond, usd, Cell, Frame, Page, PageError, Table};
@@ -61,22 +61,33 @@ pub async fn teams(State(state): State<AppState>, page: Page) -> Result<Response
         from: (now - Duration::days(14)).timestamp(),
         to: (now - Duration::days(7)).timestamp(),
     };
+    // Week over week needs only each team's activity: its daily trend per team, folded, reads
+    // whole days from the group rollups where two summaries read every GPU.
     let (owned, used, wk, prev) = tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Team, now),
         store.used_by_cost(window, &p.filters, now),
-        store.summary(this_week, &p.filters, GroupBy::Team, now),
-        store.summary(last_week, &p.filters, GroupBy::Team, now),
+        store.daily_series_by_team(this_week, &p.filters, now),
+        store.daily_series_by_team(last_week, &p.filters, now),
     )?;
+    let by_team = |days: Vec<(String, SeriesPoint)>| {
+        let mut out: BTreeMap<String, SeriesPoint> = BTreeMap::new();
+        for (team, day) in days {
+            out.entry(team).or_default().absorb(&day);
+        }
+        out
+    };
+    let (wk, prev) = (by_team(wk), by_team(prev));
     let used: BTreeMap<&str, &UsedBy> = used
         .iter()
         .filter(|u| u.team != UNALLOCATED)
         .map(|u| (u.team.as_str(), u))
         .collect();
-    let act = |s: &gpuledger_model::Summary, k: &str| {
-        s.groups
-            .iter()
-            .find(|g| g.key == k)
-            .and_then(|g| g.avg_activity_pct)
+    // Rounded as the summary rounds a group's activity, so the figure is the one a summary
+    // of that week shows.
+    let act = |s: &BTreeMap<String, SeriesPoint>, k: &str| {
+        s.get(k)
+            .and_then(SeriesPoint::avg_activity_pct)
+            .map(|a| gpuledger_ledger::summary::round(a, 2))
     };
     let mut table = Table::new(
         "teams",
