@@ -144,26 +144,18 @@ macro_rules! allocated_hours {
 }
 
 /// The allocated flag ([`ALLOCATED`]) of the hours of GPUs `IDS` in `[$1, $2)`, set where it
-/// is newly due and cleared where it no longer is; rows that keep their flag are not written.
-/// At 30 days of history this is half the time of [`ALLOCATED`] per GPU and day on SQLite
-/// (PostgreSQL: see [`Store::reroll`]).
-pub(crate) const FLAG_ALLOCATED: [&str; 2] = [
-    concat!(
-        "UPDATE gpu_hours SET allocated = 1 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
-         AND allocated = 0 AND (gpu_id, hour) IN (",
-        allocated_hours!(),
-        ")"
-    ),
-    // Materialized once and looked up by key: SQLite ran `(gpu_id, hour) NOT IN (...)` as a
-    // scan of the list per row.
-    concat!(
-        "WITH s AS MATERIALIZED (",
-        allocated_hours!(),
-        ") UPDATE gpu_hours SET allocated = 0 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
-         AND allocated = 1 AND NOT EXISTS \
-         (SELECT 1 FROM s WHERE s.gid = gpu_hours.gpu_id AND s.hr = gpu_hours.hour)"
-    ),
-];
+/// is newly due and cleared where it no longer is, in one pass over the hours; rows that keep
+/// their flag are not written. The flagged hours are materialized once and looked up by key
+/// (SQLite ran `(gpu_id, hour) NOT IN (...)` as a scan of the list per row); setting and
+/// clearing in two statements built that list twice. At 30 days of history this is half the
+/// time of [`ALLOCATED`] per GPU and day on SQLite (PostgreSQL: see [`Store::reroll`]).
+pub(crate) const FLAG_ALLOCATED: [&str; 1] = [concat!(
+    "WITH s AS MATERIALIZED (",
+    allocated_hours!(),
+    ") UPDATE gpu_hours SET allocated = 1 - allocated \
+     WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND allocated <> CASE WHEN EXISTS \
+     (SELECT 1 FROM s WHERE s.gid = gpu_hours.gpu_id AND s.hr = gpu_hours.hour) THEN 1 ELSE 0 END"
+)];
 
 /// `gpu_hours.evidence` bit: the hour's activity is its allocations' scheduler average.
 pub(crate) const EVIDENCE_ACTIVITY: i64 = 1;
