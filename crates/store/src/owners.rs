@@ -69,17 +69,31 @@ impl Store {
         tx: &mut Transaction<'_, Any>,
         uuids: Vec<&str>,
     ) -> Result<HashMap<String, (i64, GpuRecord)>> {
+        let uuids: Vec<String> = uuids.into_iter().map(str::to_string).collect();
+        self.gpus_where(tx, "uuid", &uuids).await
+    }
+
+    /// The stored GPUs whose `column` is one of `values`, by UUID, 500 to a statement.
+    pub(crate) async fn gpus_where<T>(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        column: &str,
+        values: &[T],
+    ) -> Result<HashMap<String, (i64, GpuRecord)>>
+    where
+        T: Clone + Send + for<'q> sqlx::Encode<'q, Any> + sqlx::Type<Any> + 'static,
+    {
         let mut out = HashMap::new();
-        for chunk in uuids.chunks(500) {
+        for chunk in values.chunks(500) {
             let marks: Vec<String> = (1..=chunk.len()).map(|n| format!("${n}")).collect();
             let sql = format!(
-                "SELECT {GPU_COLUMNS} FROM gpus WHERE uuid IN ({})",
+                "SELECT {GPU_COLUMNS} FROM gpus WHERE {column} IN ({})",
                 marks.join(",")
             );
             let sql = self.sql(&sql);
             let mut q = sqlx::query(&sql).persistent(false);
-            for u in chunk {
-                q = q.bind(u.to_string());
+            for v in chunk {
+                q = q.bind(v.clone());
             }
             for row in q.fetch_all(&mut **tx).await? {
                 let (id, rec) = gpu_from_row(&row)?;
@@ -265,23 +279,12 @@ impl Store {
             targets.extend(q.fetch_all(&mut **tx).await?);
         }
         let targets: Vec<i64> = targets.into_iter().collect();
-        let mut gpus: BTreeMap<i64, GpuRecord> = BTreeMap::new();
-        for chunk in targets.chunks(500) {
-            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
-            let sql = format!(
-                "SELECT {GPU_COLUMNS} FROM gpus WHERE id IN ({})",
-                marks.join(",")
-            );
-            let sql = self.sql(&sql);
-            let mut q = sqlx::query(&sql);
-            for id in chunk {
-                q = q.bind(*id);
-            }
-            for row in q.fetch_all(&mut **tx).await? {
-                let (id, rec) = gpu_from_row(&row)?;
-                gpus.insert(id, rec);
-            }
-        }
+        let gpus: BTreeMap<i64, GpuRecord> = self
+            .gpus_where(tx, "id", &targets)
+            .await?
+            .into_iter()
+            .map(|(_, (id, rec))| (id, rec))
+            .collect();
         let mut candidates = self.holder_candidates_of(tx, &targets).await?;
         for (id, old) in gpus {
             let candidates = candidates.remove(&id).unwrap_or_default();
