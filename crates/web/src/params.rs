@@ -273,18 +273,30 @@ impl Params {
         Ok(())
     }
 
-    /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now`: one default for
+    /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now` ([`range_window`]): one default for
     /// every page and endpoint, so a figure reads the same wherever it is shown. A `from` at
     /// or after `to` (given, or now) makes an empty window, answered with nothing in it.
     pub fn window(&self, now: DateTime<Utc>) -> Window {
         let to = self.to.unwrap_or(now);
-        let from = self
-            .from
-            .unwrap_or(to - Duration::days(self.range_days.unwrap_or(DEFAULT_RANGE_DAYS)));
-        Window {
-            from: from.timestamp().min(to.timestamp()),
-            to: to.timestamp(),
+        match self.from {
+            Some(from) => Window {
+                from: from.timestamp().min(to.timestamp()),
+                to: to.timestamp(),
+            },
+            None => range_window(to, self.range_days.unwrap_or(DEFAULT_RANGE_DAYS)),
         }
+    }
+}
+
+/// The window of `range=Nd` ending at `to`: from midnight UTC of the day `days` days before
+/// `to`, so the whole days before `to`'s day and that day up to `to`. Its days are whole days,
+/// as billing exports and the daily trend count them, and its figures for past days stay the
+/// same all day long instead of sliding with every hour.
+pub fn range_window(to: DateTime<Utc>, days: i64) -> Window {
+    let start = (to - Duration::days(days)).timestamp();
+    Window {
+        from: (start - start.rem_euclid(86_400)).min(to.timestamp()),
+        to: to.timestamp(),
     }
 }
 
@@ -397,6 +409,38 @@ mod tests {
         assert_eq!(w.from, w.to);
         let p = Params::parse(Some("from=2030-01-01"), &["from"]).unwrap();
         assert_eq!(p.window(now).from, now.timestamp());
+    }
+
+    #[test]
+    fn a_range_starts_at_midnight_that_many_days_back() {
+        let at = |t: &str| t.parse::<DateTime<Utc>>().unwrap().timestamp();
+        let window = |q: &str, now: &str| {
+            let p = Params::parse(Some(q), &["range", "to"]).unwrap();
+            let w = p.window(now.parse().unwrap());
+            (w.from, w.to)
+        };
+        let now = "2026-12-05T10:00:00Z";
+        assert_eq!(
+            window("range=7d", now),
+            (at("2026-11-28T00:00:00Z"), at(now))
+        );
+        // The default range is 30 days, counted the same way.
+        assert_eq!(window("", now).0, at("2026-11-05T00:00:00Z"));
+        // A day asked just after midnight still holds the whole day before.
+        assert_eq!(
+            window("range=1d", "2026-12-05T00:05:00Z").0,
+            at("2026-12-04T00:00:00Z")
+        );
+        // At midnight it is exactly that many days.
+        assert_eq!(
+            window("range=7d", "2026-12-05T00:00:00Z").0,
+            at("2026-11-28T00:00:00Z")
+        );
+        // Ending at `to`: the week before a week starts where that week starts.
+        assert_eq!(
+            window("range=7d&to=2026-11-28", now),
+            (at("2026-11-21T00:00:00Z"), at("2026-11-28T00:00:00Z"))
+        );
     }
 
     #[test]

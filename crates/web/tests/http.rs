@@ -1065,20 +1065,27 @@ async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
             );
         }
 
-        // Week over week: each team's activity in the last 7 days and the 7 before, as the
-        // summaries of those weeks say.
-        let week = |from: i64, to: i64| {
-            let at = |d: i64| {
-                (now() - chrono::Duration::days(d))
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            };
-            q(&format!("group_by=team&from={}&to={}", at(from), at(to)))
+        // Week over week: each team's activity over `range=7d` and over the `range=7d` that
+        // ends where that one starts (midnight UTC seven days back), as the summaries of
+        // those weeks say.
+        let week = |to: chrono::DateTime<chrono::Utc>| {
+            q(&format!(
+                "group_by=team&range=7d&to={}",
+                to.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ))
         };
         let this = app
-            .get_json(&format!("/api/v1/summary?{}", week(7, 0)))
+            .get_json(&format!("/api/v1/summary?{}", week(now())))
             .await;
+        let start = (now() - chrono::Duration::days(7)).timestamp();
+        let start = chrono::DateTime::from_timestamp(start - start.rem_euclid(86_400), 0).unwrap();
+        assert_eq!(
+            this["from"],
+            start.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "{this}"
+        );
         let last = app
-            .get_json(&format!("/api/v1/summary?{}", week(14, 7)))
+            .get_json(&format!("/api/v1/summary?{}", week(start)))
             .await;
         let activity = |s: &serde_json::Value, team: &str| -> Option<f64> {
             s["groups"]

@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use askama::Template;
 use axum::extract::{Path, State};
 use axum::response::Response;
-use chrono::Duration;
 use gpuledger_ledger::usedby::{UsedBy, UNALLOCATED};
 use gpuledger_ledger::GroupBy;
-use gpuledger_store::{SeriesPoint, Window};
+use gpuledger_store::SeriesPoint;
 
 use super::parts::{billed_text, spend_table};
 use super::{col, count, ncol, pct, respond, usd, Cell, Frame, Page, PageError, Table};
@@ -52,15 +51,12 @@ pub async fn teams(State(state): State<AppState>, page: Page) -> Result<Response
         ..
     } = page;
     let store = &state.store;
-    let n = now.timestamp();
-    let this_week = Window {
-        from: (now - Duration::days(7)).timestamp(),
-        to: n,
-    };
-    let last_week = Window {
-        from: (now - Duration::days(14)).timestamp(),
-        to: (now - Duration::days(7)).timestamp(),
-    };
+    // `range=7d` ending now, against the `range=7d` that ends where it starts.
+    let this_week = crate::params::range_window(now, 7);
+    let last_week = crate::params::range_window(
+        chrono::DateTime::from_timestamp(this_week.from, 0).unwrap_or(now),
+        7,
+    );
     // Week over week needs only each team's activity: its daily trend per team, folded, reads
     // whole days from the group rollups where two summaries read every GPU.
     let (owned, used, wk, prev) = tokio::try_join!(
@@ -133,7 +129,8 @@ pub async fn teams(State(state): State<AppState>, page: Page) -> Result<Response
             ),
             ncol(
                 "Week over week",
-                "Average activity in the last 7 days against the 7 days before.",
+                "Average activity over the last 7 days (`range=7d`: the 7 whole days before today \
+                 and today so far) against the 7 whole days before those.",
             ),
         ],
     );
