@@ -273,9 +273,10 @@ impl Params {
         Ok(())
     }
 
-    /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now` ([`range_window`]): one default for
-    /// every page and endpoint, so a figure reads the same wherever it is shown. A `from` at
-    /// or after `to` (given, or now) makes an empty window, answered with nothing in it.
+    /// The window, defaulting to the [`DEFAULT_RANGE_DAYS`] before `now` ([`range_window`]):
+    /// one default for every page and endpoint, so a figure reads the same wherever it is
+    /// shown. A `from` at or after `to` (given, or now) makes an empty window, answered with
+    /// nothing in it.
     pub fn window(&self, now: DateTime<Utc>) -> Window {
         let to = self.to.unwrap_or(now);
         match self.from {
