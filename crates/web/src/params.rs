@@ -294,9 +294,9 @@ impl Params {
 /// as billing exports and the daily trend count them, and its figures for past days stay the
 /// same all day long instead of sliding with every hour.
 pub fn range_window(to: DateTime<Utc>, days: i64) -> Window {
-    let start = (to - Duration::days(days)).timestamp();
+    let start = gpuledger_model::day_floor((to - Duration::days(days)).timestamp());
     Window {
-        from: (start - start.rem_euclid(86_400)).min(to.timestamp()),
+        from: start.min(to.timestamp()),
         to: to.timestamp(),
     }
 }
