@@ -27,16 +27,42 @@ fn owner_join(gpu: &str, at: &str) -> String {
     format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= +{at} AND o.to_ts > +{at}")
 }
 
-fn idle_share(r: &sqlx::any::AnyRow) -> Result<IdleShare> {
-    Ok(IdleShare {
-        workload: r.try_get("workload")?,
-        kind: r.try_get("kind")?,
-        used_by: r.try_get("used_by")?,
-        owner: r.try_get("owner")?,
-        gpu_id: r.try_get("gpu_id")?,
-        usd_per_hour: r.try_get("usd_per_hour")?,
-        hours: r.try_get("hours")?,
-    })
+/// A row of the allocated-idle shares (`workload, kind, used_by, owner, gpu_id,
+/// usd_per_hour, hours`), read wide (`crate::wide`).
+#[derive(serde::Deserialize)]
+struct IdleShareRow(
+    String,
+    String,
+    Option<String>,
+    String,
+    i64,
+    #[serde(deserialize_with = "crate::wide::opt_real")] Option<f64>,
+    #[serde(deserialize_with = "crate::wide::real")] f64,
+);
+
+/// The columns of [`IdleShareRow`].
+const IDLE_SHARE_COLUMNS: [crate::wide::Col; 7] = [
+    crate::wide::Col::Plain("workload"),
+    crate::wide::Col::Plain("kind"),
+    crate::wide::Col::Plain("used_by"),
+    crate::wide::Col::Plain("owner"),
+    crate::wide::Col::Plain("gpu_id"),
+    crate::wide::Col::Real("usd_per_hour"),
+    crate::wide::Col::Real("hours"),
+];
+
+impl From<IdleShareRow> for IdleShare {
+    fn from(r: IdleShareRow) -> Self {
+        IdleShare {
+            workload: r.0,
+            kind: r.1,
+            used_by: r.2,
+            owner: r.3,
+            gpu_id: r.4,
+            usd_per_hour: r.5,
+            hours: r.6,
+        }
+    }
 }
 
 fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
@@ -302,24 +328,31 @@ impl Store {
               ORDER BY d.day DESC LIMIT 1) AS last_known \
              FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
         );
+        use crate::wide::Col::Plain;
+        let sql = self.wide_sql(
+            &sql,
+            &[Plain("uuid"), Plain("last_busy"), Plain("last_known")],
+            "",
+        );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
         for b in binds {
             q = q.bind(b);
         }
-        q.fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("uuid")?,
+        let rows: Vec<(String, Option<i64>, Option<i64>)> =
+            Self::wide_rows(q.fetch_one(self.pool()).await?)?;
+        Ok(rows
+            .into_iter()
+            .map(|(uuid, last_busy_day, last_known_day)| {
+                (
+                    uuid,
                     ActivityEvidence {
-                        last_busy_day: r.try_get("last_busy")?,
-                        last_known_day: r.try_get("last_known")?,
+                        last_busy_day,
+                        last_known_day,
                     },
-                ))
+                )
             })
-            .collect()
+            .collect())
     }
 
     /// Allocated-but-idle hours per workload over the window (filters select the GPUs' owners
@@ -352,20 +385,20 @@ impl Store {
              WHERE d.day >= $1 AND d.day < $2{clause} \
              GROUP BY d.workload, d.team, o.team, d.gpu_id, g.usd_per_hour"
         );
+        let sql = self.wide_sql(&sql, &IDLE_SHARE_COLUMNS, "");
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql)
+        let mut q = sqlx::query_scalar(&sql)
             .persistent(false)
             .bind(day_lo)
             .bind(day_hi);
         for b in &binds {
             q = q.bind(b.clone());
         }
-        let mut shares: Vec<IdleShare> = q
-            .fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(idle_share)
-            .collect::<Result<_>>()?;
+        let mut shares: Vec<IdleShare> =
+            Self::wide_rows::<IdleShareRow>(q.fetch_one(self.pool()).await?)?
+                .into_iter()
+                .map(IdleShare::from)
+                .collect();
         let mut outside = Vec::new();
         for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
@@ -441,8 +474,9 @@ impl Store {
              JOIN gpus g ON g.id = x.gpu_id{join} WHERE 1 = 1{clause} \
              GROUP BY x.workload, x.team, o.team, x.gpu_id, g.usd_per_hour"
         );
+        let sql = self.wide_sql(&sql, &IDLE_SHARE_COLUMNS, "");
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql)
+        let mut q = sqlx::query_scalar(&sql)
             .persistent(false)
             .bind(lo)
             .bind(hi)
@@ -450,11 +484,12 @@ impl Store {
         for b in binds {
             q = q.bind(b);
         }
-        q.fetch_all(self.pool())
-            .await?
-            .iter()
-            .map(idle_share)
-            .collect()
+        Ok(
+            Self::wide_rows::<IdleShareRow>(q.fetch_one(self.pool()).await?)?
+                .into_iter()
+                .map(IdleShare::from)
+                .collect(),
+        )
     }
 
     /// Allocations of the GPUs matching the filters that overlap the window, newest first.

@@ -23,6 +23,7 @@ mod query;
 mod rollup;
 mod rows;
 mod tokens;
+mod wide;
 
 use std::borrow::Cow;
 use std::str::FromStr;
@@ -507,6 +508,9 @@ impl Store {
                             .await?;
                         }
                         Backend::Postgres => {
+                            // Floats written as text (the wide reads, `wide.rs`) in their
+                            // shortest exact form, whatever the server's default.
+                            conn.execute("SET extra_float_digits = 3").await?;
                             if let Some(s) = schema {
                                 conn.execute(format!("SET search_path TO {s}").as_str())
                                     .await?;

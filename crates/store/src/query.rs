@@ -17,7 +17,7 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use crate::rollup::{EVIDENCE_ACTIVITY, EVIDENCE_MEMORY};
-use crate::rows::{allocation_from_row, gpu_from_row, ts, GPU_COLUMNS};
+use crate::rows::{allocation_from_row, gpu_from_row, ts, GpuRow, GPU_COLUMNS};
 use crate::{Result, Store, StoreError, OPEN_END};
 
 /// Filters shared by every query: each list matches any of its values; empty lists match all.
@@ -210,20 +210,30 @@ impl Store {
             .replacen("id", "g.id", 1)
             .replace("g.attr_seen", "'{}' AS attr_seen")
             .replace("g.holders", "'[]' AS holders");
-        let sql = format!(
-            "SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{clause} \
-             ORDER BY g.host, g.mig_parent_uuid IS NOT NULL, g.mig_parent_uuid, g.pci_bus_id, g.uuid"
+        let inner = format!("SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{clause}");
+        let wide: Vec<crate::wide::Col> = GPU_COLUMNS
+            .split(", ")
+            .map(|c| match c.trim() {
+                "usd_per_hour" => crate::wide::Col::Real("usd_per_hour"),
+                c => crate::wide::Col::Plain(c),
+            })
+            .collect();
+        let sql = self.wide_sql(
+            &inner,
+            &wide,
+            "j.host, j.mig_parent_uuid IS NOT NULL, j.mig_parent_uuid, j.pci_bus_id, j.uuid",
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query(&sql).persistent(false);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
         for b in binds {
             q = q.bind(b);
         }
-        let rows = q.fetch_all(self.pool()).await?;
+        let rows: Vec<GpuRow> = Self::wide_rows(q.fetch_one(self.pool()).await?)?;
         let now = now.timestamp();
-        rows.iter()
-            .map(|r| gpu_from_row(r).map(|(_, rec)| self.view(rec, now)))
-            .collect()
+        Ok(rows
+            .into_iter()
+            .map(|r| self.view(r.record().1, now))
+            .collect())
     }
 
     /// One GPU (or MIG instance) as the lists show it.
@@ -506,46 +516,86 @@ impl Store {
         filters: &Filters,
     ) -> Result<Vec<GpuWindow>> {
         let (clause, binds) = filters.clause_with(8, "o");
-        let sql = format!(
+        let inner = format!(
             "WITH {ctes} \
              SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, g.vendor, \
              g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
-             x.b_hours, x.b_usd \
+             x.b_hours, x.b_usd, o.from_ts AS o_from \
              FROM ({rows}) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
-             WHERE g.mig_parent_uuid IS NULL{clause} ORDER BY g.uuid, o.from_ts"
+             WHERE g.mig_parent_uuid IS NULL{clause}"
         );
-        let rows = self.fetch_window_rows(&sql, binds_at, binds).await?;
-        rows.iter()
-            .map(|r| {
-                let known: i64 = r.try_get("known")?;
-                let idle: i64 = r.try_get("idle")?;
-                Ok(GpuWindow {
-                    uuid: r.try_get("uuid")?,
-                    host: r.try_get("host")?,
-                    memory_mib: r
-                        .try_get::<Option<i64>, _>("memory_mib")?
-                        .map(|m| m.max(0) as u64),
-                    mem_max_mib: r.try_get("mem")?,
-                    team: r.try_get("team")?,
-                    env: r.try_get("env")?,
-                    cloud: r.try_get("cloud")?,
-                    cluster: r.try_get("cluster")?,
-                    model: r.try_get("model")?,
-                    vendor: r.try_get("vendor")?,
-                    usd_per_hour: r.try_get("usd_per_hour")?,
-                    present_hours: r.try_get("present")?,
-                    busy_hours: known - idle,
-                    idle_hours: idle,
-                    allocated_hours: r.try_get("alloc")?,
-                    allocated_idle_hours: r.try_get("alloc_idle")?,
-                    known_hours: known,
-                    activity_sum: r.try_get("act")?,
-                    billed_hours: r.try_get("b_hours")?,
-                    billed_usd: r.try_get("b_usd")?,
-                })
+        use crate::wide::Col::{Plain, Real};
+        let sql = self.wide_sql(
+            &inner,
+            &[
+                Plain("uuid"),
+                Plain("host"),
+                Plain("memory_mib"),
+                Plain("team"),
+                Plain("env"),
+                Plain("cloud"),
+                Plain("cluster"),
+                Plain("model"),
+                Plain("vendor"),
+                Real("usd_per_hour"),
+                Plain("present"),
+                Plain("known"),
+                Plain("idle"),
+                Plain("alloc"),
+                Plain("alloc_idle"),
+                Real("act"),
+                Real("mem"),
+                Plain("b_hours"),
+                Real("b_usd"),
+            ],
+            "j.uuid, j.o_from",
+        );
+        let rows: Vec<WindowRow> = self.fetch_window_wide(&sql, binds_at, binds).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| GpuWindow {
+                uuid: r.uuid,
+                host: r.host,
+                memory_mib: r.memory_mib.map(|m| m.max(0) as u64),
+                mem_max_mib: r.mem,
+                team: r.team,
+                env: r.env,
+                cloud: r.cloud,
+                cluster: r.cluster,
+                model: r.model,
+                vendor: r.vendor,
+                usd_per_hour: r.usd_per_hour,
+                present_hours: r.present,
+                busy_hours: r.known - r.idle,
+                idle_hours: r.idle,
+                allocated_hours: r.alloc,
+                allocated_idle_hours: r.alloc_idle,
+                known_hours: r.known,
+                activity_sum: r.act,
+                billed_hours: r.b_hours,
+                billed_usd: r.b_usd,
             })
-            .collect()
+            .collect())
+    }
+
+    /// [`Store::fetch_window_rows`] of a [`Store::wide_sql`] query: its rows, deserialized.
+    pub(crate) async fn fetch_window_wide<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        bounds: [i64; 6],
+        filters: Vec<String>,
+    ) -> Result<Vec<T>> {
+        let sql = self.sql(sql);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
+        for b in bounds {
+            q = q.bind(b);
+        }
+        q = q.bind(self.settings.idle_threshold_pct);
+        for b in filters {
+            q = q.bind(b);
+        }
+        Self::wide_rows(q.fetch_one(self.pool()).await?)
     }
 
     /// Run a query over [`window_rows`]: its six bounds, the idle threshold, then the filters'
@@ -692,6 +742,49 @@ impl Store {
         );
         Ok(sqlx::query_scalar(&sql).fetch_all(self.pool()).await?)
     }
+}
+
+/// A GPU's id and rate, read wide (`crate::wide`).
+#[derive(serde::Deserialize)]
+struct RateRow(
+    i64,
+    #[serde(deserialize_with = "crate::wide::opt_real")] Option<f64>,
+);
+
+/// A GPU's held hours by a team (`gpu_id, team, hours`), read wide (`crate::wide`).
+#[derive(serde::Deserialize)]
+struct HeldRow(
+    i64,
+    String,
+    #[serde(deserialize_with = "crate::wide::real")] f64,
+);
+
+/// A row of [`Store::gpu_windows`]' wide read, in the order of its columns.
+#[derive(serde::Deserialize)]
+struct WindowRow {
+    uuid: String,
+    host: Option<String>,
+    memory_mib: Option<i64>,
+    team: String,
+    env: String,
+    cloud: Option<String>,
+    cluster: Option<String>,
+    model: String,
+    vendor: Option<String>,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    usd_per_hour: Option<f64>,
+    present: i64,
+    known: i64,
+    idle: i64,
+    alloc: i64,
+    alloc_idle: i64,
+    #[serde(deserialize_with = "crate::wide::real")]
+    act: f64,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    mem: Option<f64>,
+    b_hours: i64,
+    #[serde(deserialize_with = "crate::wide::real")]
+    b_usd: f64,
 }
 
 /// The sums of [`window_rows`]' columns per group, named as the columns.
@@ -994,7 +1087,7 @@ fn running_present_rows(binds: [i64; 6], ends_now: bool) -> String {
         }
     };
     format!(
-        "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
+        "SELECT gpu_id, CAST(SUM(n) AS BIGINT) AS n FROM (\
            SELECT f.gpu_id, z.run_present - a.run_present + a.present_hours AS n \
            FROM (SELECT g.id AS gpu_id, {} AS lo_day, {} AS hi_day FROM gpus g) f \
            JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
@@ -1233,15 +1326,27 @@ impl Store {
         let (first, last) = edges_by_day_of([d_lo, d_hi, e1.0, e1.1, e2.0, e2.1], ends_now);
         let day_lo = if first { d_lo - DAY_SECS } else { d_lo };
         let day_hi = if last { d_hi + DAY_SECS } else { d_hi };
-        let rows: Vec<(i64, String, f64)> = sqlx::query_as(&self.sql(
-            "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) FROM gpu_day_use \
-             WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
-        ))
-        .bind(day_lo)
-        .bind(day_hi)
-        .fetch_all(self.pool())
-        .await?;
-        let mut shares: Vec<HeldShare> = rows.into_iter().map(held_share).collect();
+        let sql = self.wide_sql(
+            "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) AS hours \
+             FROM gpu_day_use WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
+            &[
+                crate::wide::Col::Plain("gpu_id"),
+                crate::wide::Col::Plain("team"),
+                crate::wide::Col::Real("hours"),
+            ],
+            "",
+        );
+        let rows: Vec<HeldRow> = Self::wide_rows(
+            sqlx::query_scalar(&self.sql(&sql))
+                .bind(day_lo)
+                .bind(day_hi)
+                .fetch_one(self.pool())
+                .await?,
+        )?;
+        let mut shares: Vec<HeldShare> = rows
+            .into_iter()
+            .map(|r| held_share((r.0, r.1, r.2)))
+            .collect();
         let mut outside = Vec::new();
         for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
@@ -1276,33 +1381,43 @@ impl Store {
         ends_now: Option<bool>,
     ) -> Result<(HashMap<i64, Option<f64>>, Vec<(i64, i64)>)> {
         let (clause, binds) = filters.clause(1);
-        let sql = format!(
-            "SELECT g.id, g.usd_per_hour FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
+        use crate::wide::Col::{Plain, Real};
+        let sql = self.wide_sql(
+            &format!(
+                "SELECT g.id AS id, g.usd_per_hour AS rate FROM gpus g \
+                 WHERE g.mig_parent_uuid IS NULL{clause}"
+            ),
+            &[Plain("id"), Real("rate")],
+            "",
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query_as::<_, (i64, Option<f64>)>(&sql).persistent(false);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
         for b in binds {
             q = q.bind(b);
         }
         let rates: HashMap<i64, Option<f64>> =
-            q.fetch_all(self.pool()).await?.into_iter().collect();
+            Self::wide_rows::<RateRow>(q.fetch_one(self.pool()).await?)?
+                .into_iter()
+                .map(|r| (r.0, r.1))
+                .collect();
         let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
         let binds = [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1];
         let sql = match ends_now {
             Some(ends_now) => running_present_rows(binds, ends_now),
-            None => "SELECT gpu_id, CAST(SUM(n) AS BIGINT) FROM (\
+            None => "SELECT gpu_id, CAST(SUM(n) AS BIGINT) AS n FROM (\
                SELECT gpu_id, present_hours AS n FROM gpu_days WHERE day >= $1 AND day < $2 \
                UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $3 AND hour < $4 \
                UNION ALL SELECT gpu_id, 1 FROM gpu_hours WHERE hour >= $5 AND hour < $6\
              ) p GROUP BY gpu_id"
                 .to_string(),
         };
+        let sql = self.wide_sql(&sql, &[Plain("gpu_id"), Plain("n")], "");
         let sql = self.sql(&sql);
-        let mut q = sqlx::query_as(&sql).persistent(false);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
         for b in binds {
             q = q.bind(b);
         }
-        let present: Vec<(i64, i64)> = q.fetch_all(self.pool()).await?;
+        let present: Vec<(i64, i64)> = Self::wide_rows(q.fetch_one(self.pool()).await?)?;
         Ok((rates, present))
     }
 

@@ -18,42 +18,104 @@ pub(crate) const GPU_COLUMNS: &str = "id, uuid, model, memory_mib, host, cluster
     holders";
 
 pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
-    let labels: String = row.try_get("labels")?;
-    let origin: String = row.try_get("rate_origin")?;
-    let seen: String = row.try_get("attr_seen")?;
-    let holders: String = row.try_get("holders")?;
-    let rec = GpuRecord {
+    Ok(GpuRow {
+        id: row.try_get("id")?,
         uuid: row.try_get("uuid")?,
         model: row.try_get("model")?,
-        memory_mib: row
-            .try_get::<Option<i64>, _>("memory_mib")?
-            .map(|m| m.max(0) as u64),
+        memory_mib: row.try_get("memory_mib")?,
         host: row.try_get("host")?,
         cluster: row.try_get("cluster")?,
         cloud: row.try_get("cloud")?,
         region: row.try_get("region")?,
         instance_type: row.try_get("instance_type")?,
-        account: row.try_get("account")?,
         serial: row.try_get("serial")?,
         pci_bus_id: row.try_get("pci_bus_id")?,
         mig_parent_uuid: row.try_get("mig_parent_uuid")?,
         mig_profile: row.try_get("mig_profile")?,
-        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        labels: row.try_get("labels")?,
         source: row.try_get("source")?,
-        placeholder: row.try_get::<i64, _>("placeholder")? != 0,
-        first_seen: ts(row.try_get("first_seen")?),
-        last_seen: ts(row.try_get("last_seen")?),
+        placeholder: row.try_get("placeholder")?,
+        first_seen: row.try_get("first_seen")?,
+        last_seen: row.try_get("last_seen")?,
         team: row.try_get("team")?,
         env: row.try_get("env")?,
         owner_reason: row.try_get("owner_reason")?,
-        rate: Rate {
-            usd_per_hour: row.try_get("usd_per_hour")?,
-            origin: serde_json::from_str(&origin).unwrap_or(RateOrigin::Unknown),
-        },
-        seen: serde_json::from_str(&seen).unwrap_or_default(),
-        holders: serde_json::from_str(&holders).unwrap_or_default(),
-    };
-    Ok((row.try_get("id")?, rec))
+        usd_per_hour: row.try_get("usd_per_hour")?,
+        rate_origin: row.try_get("rate_origin")?,
+        attr_seen: row.try_get("attr_seen")?,
+        account: row.try_get("account")?,
+        holders: row.try_get("holders")?,
+    }
+    .record())
+}
+
+/// A stored GPU's columns ([`GPU_COLUMNS`], in that order): read from a row by name, or from a
+/// wide read's array (`crate::wide`).
+#[derive(serde::Deserialize)]
+pub(crate) struct GpuRow {
+    id: i64,
+    uuid: String,
+    model: String,
+    memory_mib: Option<i64>,
+    host: Option<String>,
+    cluster: Option<String>,
+    cloud: Option<String>,
+    region: Option<String>,
+    instance_type: Option<String>,
+    serial: Option<String>,
+    pci_bus_id: Option<String>,
+    mig_parent_uuid: Option<String>,
+    mig_profile: Option<String>,
+    labels: String,
+    source: String,
+    placeholder: i64,
+    first_seen: i64,
+    last_seen: i64,
+    team: String,
+    env: String,
+    owner_reason: String,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    usd_per_hour: Option<f64>,
+    rate_origin: String,
+    attr_seen: String,
+    account: Option<String>,
+    holders: String,
+}
+
+impl GpuRow {
+    /// The GPU's id and record.
+    pub(crate) fn record(self) -> (i64, GpuRecord) {
+        let rec = GpuRecord {
+            uuid: self.uuid,
+            model: self.model,
+            memory_mib: self.memory_mib.map(|m| m.max(0) as u64),
+            host: self.host,
+            cluster: self.cluster,
+            cloud: self.cloud,
+            region: self.region,
+            instance_type: self.instance_type,
+            account: self.account,
+            serial: self.serial,
+            pci_bus_id: self.pci_bus_id,
+            mig_parent_uuid: self.mig_parent_uuid,
+            mig_profile: self.mig_profile,
+            labels: serde_json::from_str(&self.labels).unwrap_or_default(),
+            source: self.source,
+            placeholder: self.placeholder != 0,
+            first_seen: ts(self.first_seen),
+            last_seen: ts(self.last_seen),
+            team: self.team,
+            env: self.env,
+            owner_reason: self.owner_reason,
+            rate: Rate {
+                usd_per_hour: self.usd_per_hour,
+                origin: serde_json::from_str(&self.rate_origin).unwrap_or(RateOrigin::Unknown),
+            },
+            seen: serde_json::from_str(&self.attr_seen).unwrap_or_default(),
+            holders: serde_json::from_str(&self.holders).unwrap_or_default(),
+        };
+        (self.id, rec)
+    }
 }
 
 /// An allocation row (`start_ts, end_ts, workload, kind, user_name, team, owner, source,
