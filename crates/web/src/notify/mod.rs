@@ -535,13 +535,13 @@ impl Notifier {
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let window = p.window(now);
-        let (gpus, windows) = tokio::try_join!(
+        let (gpus, windows, reads) = tokio::try_join!(
             store.list_gpus(&p.filters, false, now),
             store.gpu_totals_with_peak(window, &p.filters, now),
+            crate::ui::findings::findings_reads(state, &p),
         )?;
-        let found = crate::ui::findings::findings(state, &p, &frame, idle_days, &gpus, &windows)
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let found =
+            crate::ui::findings::findings(state, &p, &frame, idle_days, &gpus, &windows, reads);
         // Evidence paths without the page's query: the message adds its own range.
         Ok(found
             .all

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use gpuledger_ledger::waste::{
     activity_finding, allocated_idle_finding, billed_unseen_finding, low_memory_finding,
     missing_finding, per_month, rank, ActivityEvidence, BilledUnseen, Finding, FindingKind,
+    IdleWorkload,
 };
 
-use super::{col, count, ncol, usd0, Cell, Frame, PageError, Table};
+use super::{col, count, ncol, usd0, Cell, Frame, Table};
 use crate::params::Params;
 use crate::AppState;
 
@@ -34,24 +35,67 @@ fn month_cell(m: Option<f64>) -> Cell {
     )
 }
 
+/// What the findings read besides the page's GPU list and per-GPU counts, for the window and
+/// filters of `p`: read by [`findings_reads`] beside those, not after them.
+pub struct FindingsReads {
+    /// Each GPU's last busy and last measured day.
+    evidence: Vec<(String, ActivityEvidence)>,
+    /// The allocated-idle workloads.
+    workloads: Vec<IdleWorkload>,
+    /// Billed resources no source reports (read only without filters: exports carry no team
+    /// or GPU attributes).
+    unseen: Vec<gpuledger_store::UnseenSpend>,
+}
+
+/// The reads of [`FindingsReads`], side by side.
+pub async fn findings_reads(
+    state: &AppState,
+    p: &Params,
+) -> Result<FindingsReads, gpuledger_store::StoreError> {
+    let store = &state.store;
+    let now = state.now();
+    let window = p.window(now);
+    let unseen = async {
+        if p.filters.is_empty() {
+            store
+                .billed_unseen(window.from, window.to.min(now.timestamp()))
+                .await
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let (evidence, workloads, unseen) = tokio::try_join!(
+        store.activity_evidence(&p.filters),
+        store.idle_workloads(window, &p.filters, now),
+        unseen,
+    )?;
+    Ok(FindingsReads {
+        evidence,
+        workloads,
+        unseen,
+    })
+}
+
 /// Everything the Waste page lists, for the window and filters of `p`.
-/// `gpus` and `windows` are the page's GPU list and per-GPU counts for the same filters.
-pub async fn findings(
+/// `gpus` and `windows` are the page's GPU list and per-GPU counts for the same filters, `reads`
+/// the rest ([`findings_reads`]).
+pub fn findings(
     state: &AppState,
     p: &Params,
     f: &Frame,
     idle_days: i64,
     gpus: &[gpuledger_model::GpuView],
     windows: &[gpuledger_ledger::GpuWindow],
-) -> Result<Findings, PageError> {
-    let store = &state.store;
+    reads: FindingsReads,
+) -> Findings {
     let now = state.now();
     let window = p.window(now);
     let window_hours = ((window.to.min(now.timestamp()) - window.from) as f64 / 3600.0).max(1.0);
-    let (evidence, workloads) = tokio::try_join!(
-        store.activity_evidence(&p.filters),
-        store.idle_workloads(window, &p.filters, now),
-    )?;
+    let FindingsReads {
+        evidence,
+        workloads,
+        unseen,
+    } = reads;
     let evidence: HashMap<&str, ActivityEvidence> =
         evidence.iter().map(|(u, e)| (u.as_str(), *e)).collect();
     let mut all = Vec::new();
@@ -263,41 +307,36 @@ pub async fn findings(
             col("Export", "The imported file (GET /api/v1/billing)."),
         ],
     );
-    // Billing exports carry no team or GPU attributes: shown only without filters.
-    if p.filters.is_empty() {
-        let unseen = store
-            .billed_unseen(window.from, window.to.min(now.timestamp()))
-            .await?;
-        for u in unseen {
-            let b = BilledUnseen {
-                resource_id: u.resource_id.clone(),
-                instance_type: u.instance_type.clone(),
-                effective_cost: u.effective_cost,
-                first: u.first.timestamp(),
-                last: u.last.timestamp(),
-                file: u.file.clone(),
-            };
-            let x = billed_unseen_finding(&b);
-            billed_unseen.push(vec![
-                Cell::text(u.resource_id.clone()),
-                Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
-                Cell::text(format!(
-                    "{} – {}",
-                    u.first.format("%Y-%m-%d"),
-                    u.last.format("%Y-%m-%d")
-                )),
-                Cell::num(super::usd(u.effective_cost), u.effective_cost),
-                month_cell(x.usd_per_month),
-                Cell::text(u.file.clone()),
-            ]);
-            all.push(x);
-        }
+    // Billing exports carry no team or GPU attributes: read only without filters.
+    for u in unseen {
+        let b = BilledUnseen {
+            resource_id: u.resource_id.clone(),
+            instance_type: u.instance_type.clone(),
+            effective_cost: u.effective_cost,
+            first: u.first.timestamp(),
+            last: u.last.timestamp(),
+            file: u.file.clone(),
+        };
+        let x = billed_unseen_finding(&b);
+        billed_unseen.push(vec![
+            Cell::text(u.resource_id.clone()),
+            Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
+            Cell::text(format!(
+                "{} – {}",
+                u.first.format("%Y-%m-%d"),
+                u.last.format("%Y-%m-%d")
+            )),
+            Cell::num(super::usd(u.effective_cost), u.effective_cost),
+            month_cell(x.usd_per_month),
+            Cell::text(u.file.clone()),
+        ]);
+        all.push(x);
     }
     rank(&mut all);
     for x in &mut all {
         x.evidence = link(x);
     }
-    Ok(Findings {
+    Findings {
         idle,
         unmeasured,
         alloc_idle,
@@ -305,5 +344,5 @@ pub async fn findings(
         missing,
         billed_unseen,
         all,
-    })
+    }
 }

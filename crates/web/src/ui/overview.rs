@@ -8,7 +8,7 @@ use gpuledger_ledger::{summarize, GroupBy};
 use gpuledger_model::GpuState;
 
 use super::charts::{stacked, Series};
-use super::findings::findings;
+use super::findings::{findings, findings_reads};
 use super::parts::{cost_basis_text, spend_table};
 use super::{
     col, count, ncol, pct, respond, share, status_text, usd, usd0, Cell, Frame, Page, PageError,
@@ -64,17 +64,18 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (windows, gpus, series, forecast) = tokio::try_join!(
+    let (windows, gpus, series, forecast, reads) = tokio::try_join!(
         store.gpu_windows(window, &p.filters, now),
         store.list_gpus(&p.filters, false, now),
         store.series(window, &p.filters, daily, now),
         store.forecast_total(&p.filters, now),
+        findings_reads(&state, &p),
     )?;
     // One read of the per-GPU counts serves both groupings and the waste findings.
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
     let (env_groups, _) = summarize(&windows, GroupBy::Env);
     let per_gpu = gpuledger_ledger::summary::per_gpu(windows.clone());
-    let found = findings(&state, &p, &f, 7, &gpus, &per_gpu).await?;
+    let found = findings(&state, &p, &f, 7, &gpus, &per_gpu, reads);
     let t = &total;
     let present = gpus.iter().filter(|g| g.state == GpuState::Present).count() as i64;
     let width = |part: i64| {

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use gpuledger_ledger::summary::round;
 use gpuledger_ledger::waste::{total_per_month, Finding};
 
-use super::findings::{findings, Findings};
+use super::findings::{findings, findings_reads, Findings};
 use super::{respond, usd0, Frame, Page, PageError, Table, Takes};
 use crate::AppState;
 
@@ -77,13 +77,22 @@ async fn load(
             ))
         }
     };
-    let (gpus, windows) = tokio::try_join!(
+    let (gpus, windows, reads) = tokio::try_join!(
         state.store.list_gpus(&page.p.filters, false, page.now),
         state
             .store
             .gpu_totals_with_peak(page.window, &page.p.filters, page.now),
+        findings_reads(state, &page.p),
     )?;
-    let found = findings(state, &page.p, &page.frame, idle_days, &gpus, &windows).await?;
+    let found = findings(
+        state,
+        &page.p,
+        &page.frame,
+        idle_days,
+        &gpus,
+        &windows,
+        reads,
+    );
     Ok((page, found, idle_days))
 }
 
