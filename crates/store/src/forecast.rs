@@ -3,14 +3,13 @@
 //! trend ([`crate::query::window_rows`]), so the forecast's month so far is the summary's cost of
 //! the same days.
 
+use crate::groups::CLEAN_DAYS;
+use crate::query::{Window, SPLIT_DAYS};
+use crate::wide::Col;
+use crate::{Filters, Result, Store};
 use chrono::{DateTime, NaiveDate, Utc};
 use gpuledger_ledger::forecast::{forecasts, inputs_from, DayRow, Forecast};
 use gpuledger_ledger::GroupBy;
-use sqlx::Row;
-
-use crate::groups::CLEAN_DAYS;
-use crate::query::{Window, SPLIT_DAYS};
-use crate::{Filters, Result, Store};
 
 /// A day's sums of [`crate::query::window_rows`]' rows `u` of GPUs `g`: present GPU-hours,
 /// their cost over GPUs with a rate, and the hours of GPUs without one.
@@ -37,29 +36,81 @@ fn inputs_window(now: DateTime<Utc>) -> Window {
     }
 }
 
-/// One row of day sums ([`DAY_COST`]) at `t`, with its team, env, cloud and model when
-/// `grouped` (else the one group of the total).
-fn day_row(r: &sqlx::any::AnyRow, grouped: bool) -> Result<DayRow> {
-    let t: i64 = r.try_get("t")?;
-    let text = |c: &str| -> Result<String> {
-        Ok(if grouped {
-            r.try_get(c)?
-        } else {
-            String::new()
-        })
-    };
-    Ok(DayRow {
-        day: DateTime::from_timestamp(t, 0)
-            .map(|d| d.date_naive())
-            .unwrap_or(NaiveDate::MIN),
-        team: text("team")?,
-        env: text("env")?,
-        cloud: if grouped { r.try_get("cloud")? } else { None },
-        model: text("model")?,
-        gpu_hours: r.try_get("present")?,
-        cost_usd: r.try_get("cost")?,
-        unpriced_gpu_hours: r.try_get("unpriced")?,
-    })
+/// One row of day sums ([`DAY_COST`]) at `t` per (team, env, cloud, model), read wide
+/// (`crate::wide`, [`GROUPED_COLUMNS`]).
+#[derive(serde::Deserialize)]
+struct GroupedDay(
+    i64,
+    String,
+    String,
+    Option<String>,
+    String,
+    i64,
+    #[serde(deserialize_with = "crate::wide::real")] f64,
+    i64,
+);
+
+/// The columns of [`GroupedDay`].
+const GROUPED_COLUMNS: [Col; 8] = [
+    Col::Plain("t"),
+    Col::Plain("team"),
+    Col::Plain("env"),
+    Col::Plain("cloud"),
+    Col::Plain("model"),
+    Col::Plain("present"),
+    Col::Real("cost"),
+    Col::Plain("unpriced"),
+];
+
+/// One row of day sums ([`DAY_COST`]) at `t` of the one group of the total, read wide
+/// ([`TOTAL_COLUMNS`]).
+#[derive(serde::Deserialize)]
+struct TotalDay(
+    i64,
+    i64,
+    #[serde(deserialize_with = "crate::wide::real")] f64,
+    i64,
+);
+
+/// The columns of [`TotalDay`].
+const TOTAL_COLUMNS: [Col; 4] = [
+    Col::Plain("t"),
+    Col::Plain("present"),
+    Col::Real("cost"),
+    Col::Plain("unpriced"),
+];
+
+impl From<GroupedDay> for DayRow {
+    fn from(r: GroupedDay) -> Self {
+        DayRow {
+            day: DateTime::from_timestamp(r.0, 0)
+                .map(|d| d.date_naive())
+                .unwrap_or(NaiveDate::MIN),
+            team: r.1,
+            env: r.2,
+            cloud: r.3,
+            model: r.4,
+            gpu_hours: r.5,
+            cost_usd: r.6,
+            unpriced_gpu_hours: r.7,
+        }
+    }
+}
+
+impl From<TotalDay> for DayRow {
+    fn from(r: TotalDay) -> Self {
+        GroupedDay(
+            r.0,
+            String::new(),
+            String::new(),
+            None,
+            String::new(),
+            r.1,
+            r.2,
+            r.3,
+        )
+        .into()
+    }
 }
 
 impl Store {
@@ -90,13 +141,11 @@ impl Store {
                JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
                WHERE g.mig_parent_uuid IS NULL{clause} \
                GROUP BY u.t, o.team, o.env, g.cloud, g.model) s \
-             GROUP BY t, team, env, cloud, model ORDER BY t"
+             GROUP BY t, team, env, cloud, model"
         );
-        self.fetch_window_rows(&sql, binds_at, binds)
-            .await?
-            .iter()
-            .map(|r| day_row(r, true))
-            .collect()
+        let sql = self.wide_sql(&sql, &GROUPED_COLUMNS, "j.t");
+        let rows: Vec<GroupedDay> = self.fetch_window_wide(&sql, binds_at, binds).await?;
+        Ok(rows.into_iter().map(DayRow::from).collect())
     }
 
     /// The total's forecast alone (what the Overview and a team's page show), as
@@ -121,14 +170,11 @@ impl Store {
                SELECT u.t AS t, {DAY_COST} \
                FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
                WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t) s \
-             GROUP BY t ORDER BY t"
+             GROUP BY t"
         );
-        let rows = self
-            .fetch_window_rows(&sql, binds_at, binds)
-            .await?
-            .iter()
-            .map(|r| day_row(r, false))
-            .collect::<Result<Vec<_>>>()?;
+        let sql = self.wide_sql(&sql, &TOTAL_COLUMNS, "j.t");
+        let rows: Vec<TotalDay> = self.fetch_window_wide(&sql, binds_at, binds).await?;
+        let rows: Vec<DayRow> = rows.into_iter().map(DayRow::from).collect();
         Ok(forecasts(&rows, GroupBy::Team, now).1)
     }
 
