@@ -586,16 +586,12 @@ impl Store {
         bounds: [i64; 6],
         filters: Vec<String>,
     ) -> Result<Vec<T>> {
-        let sql = self.sql(sql);
-        let mut q = sqlx::query_scalar(&sql).persistent(false);
-        for b in bounds {
-            q = q.bind(b);
-        }
-        q = q.bind(self.settings.idle_threshold_pct);
-        for b in filters {
-            q = q.bind(b);
-        }
-        Self::wide_rows(q.fetch_one(self.pool()).await?)
+        let rows = self.fetch_window_rows(sql, bounds, filters).await?;
+        let json = match rows.first() {
+            Some(r) => r.try_get::<Option<String>, _>(0)?,
+            None => None,
+        };
+        Self::wide_rows(json)
     }
 
     /// Run a query over [`window_rows`]: its six bounds, the idle threshold, then the filters'
