@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// ask gpuledger's summary the same, time both and check that the answers agree.
     #[arg(long, value_name = "URL")]
     prometheus: Option<String>,
+    /// Time only the pages whose name in the table contains this text (repeatable), such as
+    /// `overview` or `90 days`: to measure one page while changing it.
+    #[arg(long, value_name = "TEXT")]
+    only: Vec<String>,
 }
 
 /// GPUs in one copy of the demo fleet.
@@ -172,7 +176,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.no_pages {
         return Ok(());
     }
-    time_pages_at(addr, &fleet, args.requests).await
+    time_pages_at(addr, &fleet, args.requests, &args.only).await
 }
 
 fn rfc3339(ts: i64) -> String {
@@ -640,13 +644,14 @@ pub async fn time_pages(
     requests: usize,
 ) -> anyhow::Result<()> {
     let addr = start_server(state).await?;
-    time_pages_at(addr, fleet, requests).await
+    time_pages_at(addr, fleet, requests, &[]).await
 }
 
 async fn time_pages_at(
     addr: SocketAddr,
     fleet: &demo::Demo,
     requests: usize,
+    only: &[String],
 ) -> anyhow::Result<()> {
     let gpu = fleet.hosts[0].uuid(0);
     let mut pages: Vec<(String, String)> = Vec::new();
@@ -688,7 +693,11 @@ async fn time_pages_at(
             {
                 continue;
             }
-            pages.push((format!("{name}{range}"), with(&path)));
+            let name = format!("{name}{range}");
+            if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+                continue;
+            }
+            pages.push((name, with(&path)));
         }
     }
     println!(
