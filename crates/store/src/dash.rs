@@ -175,6 +175,26 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
+        self.split_at_today(
+            format!(
+                "daily series {filters:?} threshold {}",
+                self.settings.idle_threshold_pct
+            ),
+            window,
+            now,
+            |p: &SeriesPoint| p.start.timestamp(),
+            |w| self.daily_series_read(w, filters, now),
+        )
+        .await
+    }
+
+    /// [`Store::daily_series`] read at once.
+    async fn daily_series_read(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<SeriesPoint>> {
         let owned = filters.by_owner();
         let (binds_at, union) = crate::query::dirty_window_rows(window, now, owned);
         let groups = filters.group_clause(8);
@@ -221,6 +241,26 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<(String, SeriesPoint)>> {
+        self.split_at_today(
+            format!(
+                "daily series by team {filters:?} threshold {}",
+                self.settings.idle_threshold_pct
+            ),
+            window,
+            now,
+            |(_, p): &(String, SeriesPoint)| p.start.timestamp(),
+            |w| self.daily_series_by_team_read(w, filters, now),
+        )
+        .await
+    }
+
+    /// [`Store::daily_series_by_team`] read at once.
+    async fn daily_series_by_team_read(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, SeriesPoint)>> {
         let (binds_at, union) = crate::query::dirty_window_rows(window, now, true);
         let (clause, binds) = filters.clause_with(8, "o");
         let groups = filters.group_clause(8);
@@ -252,6 +292,42 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Heatmap> {
+        let hours = self
+            .split_at_today(
+                format!("heatmap hours {filters:?}"),
+                window,
+                now,
+                |(hour, _, _): &(i64, i64, f64)| *hour,
+                |w| self.heatmap_hours(w, filters, now),
+            )
+            .await?;
+        let mut sums = vec![vec![0.0f64; 24]; 7];
+        let mut map = Heatmap {
+            cells: vec![vec![None; 24]; 7],
+            hours: vec![vec![0; 24]; 7],
+        };
+        for (hour, n, act) in hours {
+            // 1970-01-01 was a Thursday: (days + 3) % 7 is 0 on Mondays.
+            let wd = (hour.div_euclid(86_400) + 3).rem_euclid(7) as usize;
+            let hd = (hour.rem_euclid(86_400) / 3600) as usize;
+            map.hours[wd][hd] += n;
+            sums[wd][hd] += act;
+        }
+        for (cells, (hours, sums)) in map.cells.iter_mut().zip(map.hours.iter().zip(&sums)) {
+            for (cell, (n, sum)) in cells.iter_mut().zip(hours.iter().zip(sums)) {
+                *cell = (*n > 0).then(|| sum / *n as f64);
+            }
+        }
+        Ok(map)
+    }
+
+    /// The heatmap's clock hours in the window: `(hour, measured GPU-hours, activity sum)`.
+    async fn heatmap_hours(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(i64, i64, f64)>> {
         let (join, clause, binds) = self.owned_clause(filters, 7, "h.gpu_id", "h.hour");
         let groups = filters.group_clause(7);
         // Hours of whole days from the group rollups, except the days listed dirty; those and
@@ -286,27 +362,11 @@ impl Store {
         for b in binds {
             q = q.bind(b);
         }
-        let mut sums = vec![vec![0.0f64; 24]; 7];
-        let mut map = Heatmap {
-            cells: vec![vec![None; 24]; 7],
-            hours: vec![vec![0; 24]; 7],
-        };
-        for r in q.fetch_all(self.pool()).await? {
-            let hour: i64 = r.try_get("hour")?;
-            let n: i64 = r.try_get("n")?;
-            let act: f64 = r.try_get("act")?;
-            // 1970-01-01 was a Thursday: (days + 3) % 7 is 0 on Mondays.
-            let wd = (hour.div_euclid(86_400) + 3).rem_euclid(7) as usize;
-            let hd = (hour.rem_euclid(86_400) / 3600) as usize;
-            map.hours[wd][hd] += n;
-            sums[wd][hd] += act;
-        }
-        for (cells, (hours, sums)) in map.cells.iter_mut().zip(map.hours.iter().zip(&sums)) {
-            for (cell, (n, sum)) in cells.iter_mut().zip(hours.iter().zip(sums)) {
-                *cell = (*n > 0).then(|| sum / *n as f64);
-            }
-        }
-        Ok(map)
+        q.fetch_all(self.pool())
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("hour")?, r.try_get("n")?, r.try_get("act")?)))
+            .collect()
     }
 
     /// For each physical GPU matching the filters, the last UTC day with a busy hour and the
@@ -376,29 +436,23 @@ impl Store {
         );
         let day_lo = if first { d_lo - DAY_SECS } else { d_lo };
         let day_hi = if last { d_hi + DAY_SECS } else { d_hi };
-        let (clause, binds) = filters.clause_with(3, "o");
-        let sql = format!(
-            "SELECT d.workload, MIN(d.kind) AS kind, d.team AS used_by, o.team AS owner, \
-             d.gpu_id, g.usd_per_hour, CAST(SUM(d.hours) AS DOUBLE PRECISION) AS hours \
-             FROM gpu_day_idle d JOIN gpus g ON g.id = d.gpu_id \
-             JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts = d.owner_from \
-             WHERE d.day >= $1 AND d.day < $2{clause} \
-             GROUP BY d.workload, d.team, o.team, d.gpu_id, g.usd_per_hour"
-        );
-        let sql = self.wide_sql(&sql, &IDLE_SHARE_COLUMNS, "");
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query_scalar(&sql)
-            .persistent(false)
-            .bind(day_lo)
-            .bind(day_hi);
-        for b in &binds {
-            q = q.bind(b.clone());
+        // The days before today are read once while they stay as they are (`crate::settled`);
+        // today's rows each time.
+        let today = gpuledger_model::day_floor(now.timestamp()).clamp(day_lo, day_hi);
+        let kept = self
+            .settled(
+                format!(
+                    "idle shares {filters:?} threshold {}",
+                    self.settings.idle_threshold_pct
+                ),
+                (day_lo, today),
+                || self.idle_day_shares(day_lo, today, filters),
+            )
+            .await?;
+        let mut shares: Vec<IdleShare> = kept.as_ref().clone();
+        if today < day_hi {
+            shares.extend(self.idle_day_shares(today, day_hi, filters).await?);
         }
-        let mut shares: Vec<IdleShare> =
-            Self::wide_rows::<IdleShareRow>(q.fetch_one(self.pool()).await?)?
-                .into_iter()
-                .map(IdleShare::from)
-                .collect();
         let mut outside = Vec::new();
         for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
@@ -425,6 +479,35 @@ impl Store {
             );
         }
         Ok(gpuledger_ledger::waste::idle_workloads(&shares))
+    }
+
+    /// The allocated-and-idle day rows of the days `[lo, hi)` per workload, allocating team,
+    /// owner and GPU, of the GPUs matching `filters` (by the owner period of the rows).
+    async fn idle_day_shares(&self, lo: i64, hi: i64, filters: &Filters) -> Result<Vec<IdleShare>> {
+        if lo >= hi {
+            return Ok(Vec::new());
+        }
+        let (clause, binds) = filters.clause_with(3, "o");
+        let sql = format!(
+            "SELECT d.workload, MIN(d.kind) AS kind, d.team AS used_by, o.team AS owner, \
+             d.gpu_id, g.usd_per_hour, CAST(SUM(d.hours) AS DOUBLE PRECISION) AS hours \
+             FROM gpu_day_idle d JOIN gpus g ON g.id = d.gpu_id \
+             JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts = d.owner_from \
+             WHERE d.day >= $1 AND d.day < $2{clause} \
+             GROUP BY d.workload, d.team, o.team, d.gpu_id, g.usd_per_hour"
+        );
+        let sql = self.wide_sql(&sql, &IDLE_SHARE_COLUMNS, "");
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query_scalar(&sql).persistent(false).bind(lo).bind(hi);
+        for b in &binds {
+            q = q.bind(b.clone());
+        }
+        Ok(
+            Self::wide_rows::<IdleShareRow>(q.fetch_one(self.pool()).await?)?
+                .into_iter()
+                .map(IdleShare::from)
+                .collect(),
+        )
     }
 
     /// [`Store::idle_workloads`] computed from the allocations for the whole window, never

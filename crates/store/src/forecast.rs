@@ -24,6 +24,14 @@ const SUMS: &str = "CAST(SUM(present) AS BIGINT) AS present, \
      CAST(SUM(cost) AS DOUBLE PRECISION) AS cost, CAST(SUM(unpriced) AS BIGINT) AS unpriced";
 
 /// The days a forecast as of `now` reads: from [`inputs_from`] to `now`.
+/// The start of a row's day, in unix seconds.
+fn day_start(r: &DayRow) -> i64 {
+    r.day
+        .and_hms_opt(0, 0, 0)
+        .map(|d| d.and_utc().timestamp())
+        .unwrap_or(i64::MIN)
+}
+
 fn inputs_window(now: DateTime<Utc>) -> Window {
     let from = inputs_from(now)
         .and_hms_opt(0, 0, 0)
@@ -123,6 +131,23 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<DayRow>> {
+        self.split_at_today(
+            format!("forecast days {filters:?}"),
+            window,
+            now,
+            day_start,
+            |w| self.forecast_days_read(w, filters, now),
+        )
+        .await
+    }
+
+    /// [`Store::forecast_days`] read at once.
+    async fn forecast_days_read(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DayRow>> {
         // Whole days from the group rollups, except the days listed dirty and the GPU-days a
         // change of owner splits; those and the edges from the per-GPU rows.
         let (binds_at, union) = crate::query::dirty_window_rows(window, now, true);
@@ -158,6 +183,26 @@ impl Store {
             let rows = self.forecast_days(window, filters, now).await?;
             return Ok(forecasts(&rows, GroupBy::Team, now).1);
         }
+        let rows = self
+            .split_at_today(
+                format!("forecast total days {filters:?}"),
+                window,
+                now,
+                day_start,
+                |w| self.forecast_total_days(w, filters, now),
+            )
+            .await?;
+        Ok(forecasts(&rows, GroupBy::Team, now).1)
+    }
+
+    /// The days of [`Store::forecast_total`] without a team or environment filter, read at
+    /// once.
+    async fn forecast_total_days(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DayRow>> {
         let (binds_at, union) = crate::query::dirty_window_rows(window, now, false);
         let (clause, binds) = filters.clause(8);
         let groups = filters.group_clause(8);
@@ -174,8 +219,7 @@ impl Store {
         );
         let sql = self.wide_sql(&sql, &TOTAL_COLUMNS, "j.t");
         let rows: Vec<TotalDay> = self.fetch_window_wide(&sql, binds_at, binds).await?;
-        let rows: Vec<DayRow> = rows.into_iter().map(DayRow::from).collect();
-        Ok(forecasts(&rows, GroupBy::Team, now).1)
+        Ok(rows.into_iter().map(DayRow::from).collect())
     }
 
     /// The forecasts as of `now` per group of `by` and of the total (`ledger::forecast`), over

@@ -171,6 +171,8 @@ impl Store {
             .bind(self.settings.idle_threshold_pct)
             .execute(&mut *tx)
             .await?;
+        // The day goes off the list of changed days: answers kept over it are read again.
+        sqlx::query(crate::settled::BUMP).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(true)
     }

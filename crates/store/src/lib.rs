@@ -22,6 +22,7 @@ mod partitions;
 mod query;
 mod rollup;
 mod rows;
+mod settled;
 mod tokens;
 mod wide;
 
@@ -88,6 +89,8 @@ pub struct Store {
     /// One writer at a time: ingest reads then writes, which SQLite cannot upgrade safely
     /// under concurrent writers, and the merge of a GPU's attributes is read-modify-write.
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Answers over settled days kept between requests (`settled`).
+    settled: std::sync::Arc<settled::Settled>,
 }
 
 /// The end of an open owner period (year 10000), so periods join on a plain range.
@@ -527,6 +530,7 @@ impl Store {
             backend,
             settings: std::sync::Arc::new(settings),
             write_lock: Default::default(),
+            settled: Default::default(),
         };
         store.migrate().await?;
         store
@@ -862,6 +866,11 @@ impl Store {
             "group_days",
             "group_dirty",
         ] {
+            if table == "group_dirty" {
+                // The days go off the list of changed days (where removing their day rows put
+                // them): answers kept over them are read again (`crate::settled`).
+                sqlx::query(settled::BUMP).execute(&self.pool).await?;
+            }
             sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE day < $1")))
                 .bind(rollup_cutoff)
                 .execute(&self.pool)

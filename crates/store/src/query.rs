@@ -1322,27 +1322,18 @@ impl Store {
         let (first, last) = edges_by_day_of([d_lo, d_hi, e1.0, e1.1, e2.0, e2.1], ends_now);
         let day_lo = if first { d_lo - DAY_SECS } else { d_lo };
         let day_hi = if last { d_hi + DAY_SECS } else { d_hi };
-        let sql = self.wide_sql(
-            "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) AS hours \
-             FROM gpu_day_use WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
-            &[
-                crate::wide::Col::Plain("gpu_id"),
-                crate::wide::Col::Plain("team"),
-                crate::wide::Col::Real("hours"),
-            ],
-            "",
-        );
-        let rows: Vec<HeldRow> = Self::wide_rows(
-            sqlx::query_scalar(&self.sql(&sql))
-                .bind(day_lo)
-                .bind(day_hi)
-                .fetch_one(self.pool())
-                .await?,
-        )?;
-        let mut shares: Vec<HeldShare> = rows
-            .into_iter()
-            .map(|r| held_share((r.0, r.1, r.2)))
-            .collect();
+        // The days before today are read once while they stay as they are (`crate::settled`);
+        // today's rows each time.
+        let today = day_floor(now.timestamp()).clamp(day_lo, day_hi);
+        let kept = self
+            .settled("used-by day shares".to_string(), (day_lo, today), || {
+                self.held_day_shares(day_lo, today)
+            })
+            .await?;
+        let mut shares: Vec<HeldShare> = kept.as_ref().clone();
+        if today < day_hi {
+            shares.extend(self.held_day_shares(today, day_hi).await?);
+        }
         let mut outside = Vec::new();
         for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
             [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
@@ -1362,6 +1353,35 @@ impl Store {
             );
         }
         Ok(split(&rates, &shares, &present))
+    }
+
+    /// Each physical GPU's held hours per allocating team over the days `[lo, hi)`, from the
+    /// used-by day rows.
+    async fn held_day_shares(&self, lo: i64, hi: i64) -> Result<Vec<HeldShare>> {
+        if lo >= hi {
+            return Ok(Vec::new());
+        }
+        let sql = self.wide_sql(
+            "SELECT gpu_id, team, CAST(SUM(held_hours) AS DOUBLE PRECISION) AS hours \
+             FROM gpu_day_use WHERE day >= $1 AND day < $2 GROUP BY gpu_id, team",
+            &[
+                crate::wide::Col::Plain("gpu_id"),
+                crate::wide::Col::Plain("team"),
+                crate::wide::Col::Real("hours"),
+            ],
+            "",
+        );
+        let rows: Vec<HeldRow> = Self::wide_rows(
+            sqlx::query_scalar(&self.sql(&sql))
+                .bind(lo)
+                .bind(hi)
+                .fetch_one(self.pool())
+                .await?,
+        )?;
+        Ok(rows
+            .into_iter()
+            .map(|r| held_share((r.0, r.1, r.2)))
+            .collect())
     }
 
     /// The rates of the physical GPUs matching `filters` and every GPU's present hours in

@@ -434,6 +434,14 @@ impl Store {
             self.reroll_day_use(tx, chunk, i64::MIN / 2, i64::MAX / 2)
                 .await?;
         }
+        // Every day's used-by may have changed: list them all, so that no answer kept over
+        // them is used again (`crate::settled`) until the refresher has been through.
+        sqlx::query(
+            "INSERT INTO group_dirty (day) SELECT DISTINCT day FROM gpu_days WHERE true \
+             ON CONFLICT (day) DO NOTHING",
+        )
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 

@@ -2701,7 +2701,64 @@ both!(
     used_by_rollup_equals_recomputation_on_random_fleets,
     allocations_found_by_start_or_end_hold_the_same_hours,
     group_rollups_equal_per_gpu_rows_on_random_fleets,
+    settled_answers_are_read_again_after_each_change,
 );
+
+/// The answers kept over settled days (`settled` in the store) are served while nothing
+/// changed, and read again after each kind of change: a late sample on an old day, a change of
+/// owner mid-day with a model without a rate, the refresher's rebuild; each time they equal
+/// the figures read with every day listed as changed.
+async fn settled_answers_are_read_again_after_each_change(store: Store) {
+    push_random_fleets(&store).await;
+    store.refresh_groups(now().timestamp()).await.unwrap();
+    assert_eq!(store.dirty_group_days().await.unwrap(), 0);
+    let (from, to) = RANDOM_FLEET_WINDOWS[0];
+    let w = hours_window(from, to);
+    let vision = Filters {
+        team: vec!["vision".into()],
+        ..Default::default()
+    };
+    let figures = || async {
+        let mut all = String::new();
+        for f in [Filters::default(), vision.clone()] {
+            all.push_str(&group_figures(&store, w, &f).await);
+        }
+        all
+    };
+    let reference = || async {
+        // Every day listed: nothing kept is used; then rebuilt, so the next answers are kept.
+        store.mark_all_groups_dirty().await.unwrap();
+        let r = figures().await;
+        store.refresh_groups(now().timestamp()).await.unwrap();
+        r
+    };
+    let first = figures().await;
+    assert!(store.settled_answers() > 0, "answers are kept");
+    assert_eq!(figures().await, first, "kept answers are served as read");
+    let mut last = first;
+    let g0 = "GPU-00000001-0000-0000-0000-000000000001";
+    for (who_, body) in [
+        (
+            "prop-3",
+            r#"{"samples":[{"gpu_uuid":"GPU-00000003-0000-0000-0000-000000000003","ts":"2026-11-26T03:10:00Z","util_pct":97}]}"#.to_string(),
+        ),
+        (
+            "prop-1",
+            format!(r#"{{"gpus":[{{"uuid":"{g0}","model":"Mystery GPU","labels":{{"team":"vision"}},"observed_at":"2026-11-27T07:30:00Z"}}]}}"#),
+        ),
+    ] {
+        let out = push(&store, &who(who_, None), &body).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        let pending = figures().await;
+        let expected = reference().await;
+        assert_close_debug(&pending, &expected, &format!("{who_}: before the refresh"));
+        assert_ne!(expected, last, "{who_}: the change shows");
+        // After the refresh (the reference ran it): read again, then kept.
+        assert_close_debug(&figures().await, &expected, &format!("{who_}: after"));
+        assert_close_debug(&figures().await, &expected, &format!("{who_}: kept"));
+        last = expected;
+    }
+}
 
 /// `a` and `b` print the same but for numbers, which may differ by a float summed in another
 /// order (relative 1e-9).
@@ -2753,14 +2810,21 @@ fn assert_close_debug(a: &impl std::fmt::Debug, b: &impl std::fmt::Debug, at: &s
 }
 
 /// Everything the group rollups answer for window `w` and `filters`: the daily and hourly
-/// trends, the heatmap, the forecast's days and the total's forecast.
+/// trends, the heatmap, the forecast's days and the total's forecast; and what is read from
+/// settled days kept between requests (`settled` in the store): the allocated-idle workloads
+/// (in name order) and used-by.
 async fn group_figures(store: &Store, w: Window, filters: &Filters) -> String {
     let daily = store.series(w, filters, true, now()).await.unwrap();
     let hourly = store.series(w, filters, false, now()).await.unwrap();
     let heat = store.heatmap(w, filters, now()).await.unwrap();
     let days = store.forecast_days(w, filters, now()).await.unwrap();
     let total = store.forecast_total(filters, now()).await.unwrap();
-    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}")
+    let mut idle = store.idle_workloads(w, filters, now()).await.unwrap();
+    idle.sort_by(|a, b| {
+        (&a.workload, &a.used_by, &a.owner).cmp(&(&b.workload, &b.used_by, &b.owner))
+    });
+    let used = store.used_by_cost(w, filters, now()).await.unwrap();
+    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}\n{idle:?}\n{used:?}")
 }
 
 /// The filters the group rollups are checked under: none, owner teams (one of them the team
@@ -2788,7 +2852,8 @@ fn group_filters() -> Vec<Filters> {
 /// same figures read from the per-GPU rows (every day listed dirty), on random fleets, for
 /// whole days, edges and every filter; and after changes the refresher has not seen yet (a
 /// change of owner mid-day, a GPU's model and so its group and rate, a late sample on an old
-/// day), the days those changes touch are read from the per-GPU rows until it has.
+/// day), the days those changes touch are read from the per-GPU rows until it has. The answers
+/// kept over settled days are held to the same: read again after each change.
 async fn group_rollups_equal_per_gpu_rows_on_random_fleets(store: Store) {
     push_random_fleets(&store).await;
     let check = |label: &'static str| {
@@ -2837,6 +2902,9 @@ async fn group_rollups_equal_per_gpu_rows_on_random_fleets(store: Store) {
     // The fleets have no hour on `now`'s day, the one day never rebuilt.
     assert_eq!(store.dirty_group_days().await.unwrap(), 0);
     compare(&check("group rows").await, &reference);
+    // No day is listed now: answers over settled days are kept, and served again unchanged.
+    assert!(store.settled_answers() > 0);
+    compare(&check("group rows, kept").await, &reference);
 
     // Changes behind the refresher's back: each is read from the per-GPU rows at once.
     let before = reference;
