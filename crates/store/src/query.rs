@@ -447,6 +447,11 @@ impl Store {
     /// [`Store::gpu_windows`], with each GPU's peak memory (`mem_max_mib`) only when
     /// `with_mem` (a read of the index by GPU per GPU, and of the edge days' peaks, which the
     /// summary and the per-GPU tables do without).
+    ///
+    /// The counts of the window's part before today are kept while those days stay as they
+    /// are (`crate::settled`), for every GPU and owner period whatever the filters; each
+    /// request reads the attributes and owners of the GPUs the filters select with today's
+    /// counts (today's day row less the hours ahead of the clock), and adds the two.
     async fn gpu_windows_of(
         &self,
         window: Window,
@@ -454,6 +459,84 @@ impl Store {
         now: DateTime<Utc>,
         with_mem: bool,
     ) -> Result<Vec<GpuWindow>> {
+        let today = day_floor(now.timestamp());
+        let (lo, hi) = window.hours(now.timestamp());
+        if lo >= today || hi <= lo {
+            return self.gpu_windows_read(window, filters, now, with_mem).await;
+        }
+        let before = Window {
+            from: window.from,
+            to: window.to.min(today),
+        };
+        let (_, before_hi) = before.hours(now.timestamp());
+        let kept = self
+            .settled(
+                format!(
+                    "window counts mem {with_mem} threshold {} hours {lo}..{before_hi}",
+                    self.settings.idle_threshold_pct
+                ),
+                (
+                    day_floor(lo),
+                    today.min(day_floor(before_hi - 1) + DAY_SECS),
+                ),
+                || self.window_counts(before, now, with_mem),
+            )
+            .await?;
+        let by_period: HashMap<(i64, i64), &CountsRow> =
+            kept.iter().map(|c| ((c.gpu_id, c.o_from), c)).collect();
+        let live = self.window_today(lo, hi, today, filters, with_mem).await?;
+        let mut out = Vec::with_capacity(live.len());
+        for r in live {
+            let c = by_period.get(&(r.gpu_id, r.o_from));
+            let int = |own: Option<i64>, kept: fn(&CountsRow) -> i64| {
+                own.unwrap_or(0) + c.map(|c| kept(c)).unwrap_or(0)
+            };
+            let real = |own: Option<f64>, kept: fn(&CountsRow) -> f64| {
+                own.unwrap_or(0.0) + c.map(|c| kept(c)).unwrap_or(0.0)
+            };
+            let present = int(r.present, |c| c.present);
+            if present <= 0 {
+                continue;
+            }
+            let known = int(r.known, |c| c.known);
+            let idle = int(r.idle, |c| c.idle);
+            let mem = match (r.mem, c.and_then(|c| c.mem)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            out.push(GpuWindow {
+                uuid: r.uuid,
+                host: r.host,
+                memory_mib: r.memory_mib.map(|m| m.max(0) as u64),
+                mem_max_mib: if with_mem { mem } else { None },
+                team: r.team,
+                env: r.env,
+                cloud: r.cloud,
+                cluster: r.cluster,
+                model: r.model,
+                vendor: r.vendor,
+                usd_per_hour: r.usd_per_hour,
+                present_hours: present,
+                busy_hours: known - idle,
+                idle_hours: idle,
+                allocated_hours: int(r.alloc, |c| c.alloc),
+                allocated_idle_hours: int(r.alloc_idle, |c| c.alloc_idle),
+                known_hours: known,
+                activity_sum: real(r.act, |c| c.act),
+                billed_hours: int(r.b_hours, |c| c.b_hours),
+                billed_usd: real(r.b_usd, |c| c.b_usd),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The SQL of [`Store::gpu_windows`]' counts: the binds, the CTEs, then one row per GPU
+    /// and owner period (`gpu_id`, `o_from` and [`WINDOW_SUMS`]).
+    fn window_counts_sql(
+        window: Window,
+        now: DateTime<Utc>,
+        with_mem: bool,
+    ) -> ([i64; 6], String, String) {
         // Most GPUs keep one owner period over the whole window: their rows are summed per
         // GPU without looking up a period for each row (most of the cost), then given that
         // period. Only the GPUs whose owner changed within the window (`nc`) are read row by
@@ -478,6 +561,18 @@ impl Store {
              nc AS (SELECT DISTINCT gpu_id FROM span \
                WHERE NOT (from_ts <= $3 AND to_ts >= {HI}))"
         );
+        (binds_at, ctes, rows)
+    }
+
+    /// [`Store::gpu_windows`] read at once.
+    async fn gpu_windows_read(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        with_mem: bool,
+    ) -> Result<Vec<GpuWindow>> {
+        let (binds_at, ctes, rows) = Self::window_counts_sql(window, now, with_mem);
         let mut windows = self
             .gpu_windows_from(&ctes, &rows, binds_at, filters)
             .await?;
@@ -487,6 +582,101 @@ impl Store {
             }
         }
         Ok(windows)
+    }
+
+    /// The counts of [`Store::gpu_windows`] of every GPU (physical or MIG) and owner period,
+    /// without attributes or filters.
+    async fn window_counts(
+        &self,
+        window: Window,
+        now: DateTime<Utc>,
+        with_mem: bool,
+    ) -> Result<Vec<CountsRow>> {
+        let (binds_at, ctes, rows) = Self::window_counts_sql(window, now, with_mem);
+        let inner = format!("WITH {ctes} SELECT x.* FROM ({rows}) x");
+        let sql = self.wide_sql(&inner, &COUNTS_COLUMNS, "");
+        self.fetch_window_wide(&sql, binds_at, Vec::new()).await
+    }
+
+    /// The GPUs `filters` select with each owner period overlapping the clock hours `[lo, hi)`
+    /// and their attributes, each with its counts over `[today, hi)` (none where `hi` is not
+    /// past `today`): today's day row less the hours ahead of the clock, a day a change of
+    /// owner splits from its hours, the day's peak memory as [`edge_day_mem`] reads it.
+    async fn window_today(
+        &self,
+        lo: i64,
+        hi: i64,
+        today: i64,
+        filters: &Filters,
+        with_mem: bool,
+    ) -> Result<Vec<TodayRow>> {
+        let (clause, binds) = filters.clause_with(8, "o");
+        const OUTSIDE: &str = "h.hour >= $6 AND h.hour < $5 + 86400";
+        const INSIDE: &str = "h.hour >= $5 AND h.hour < $6";
+        // A window that ends before today reads no row of today (the binds stay referenced).
+        let live = hi > today;
+        let net = net_day_rows(true, "$5", OUTSIDE, INSIDE);
+        let none = if live { "" } else { " WHERE 1 = 0" };
+        let (peaks, mem, peak_join) = if with_mem && live {
+            (
+                format!(
+                    ", e2 AS MATERIALIZED ({})",
+                    edge_day_mem("$5", OUTSIDE, INSIDE)
+                ),
+                "CASE WHEN x.gpu_id IS NULL THEN NULL ELSE COALESCE(x.mem, e2.m) END",
+                " LEFT JOIN e2 ON e2.gpu_id = o.gpu_id",
+            )
+        } else {
+            (String::new(), "x.mem", "")
+        };
+        let counts = format!(
+            "x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, {mem} AS mem, \
+             x.b_hours, x.b_usd"
+        );
+        let join = format!(
+            " LEFT JOIN (SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({net}) u{none} \
+             GROUP BY gpu_id, o_from) x ON x.gpu_id = o.gpu_id AND x.o_from = o.from_ts\
+             {peak_join}"
+        );
+        let inner = format!(
+            "WITH {SPLIT_DAYS}{peaks} \
+             SELECT g.id AS gpu_id, o.from_ts AS o_from, g.uuid, g.host, g.memory_mib, o.team, \
+             o.env, g.cloud, g.cluster, g.model, g.vendor, g.usd_per_hour, {counts} \
+             FROM gpu_owners o JOIN gpus g ON g.id = o.gpu_id{join} \
+             WHERE o.from_ts < {hi} AND o.to_ts > {lo} AND g.mig_parent_uuid IS NULL \
+             AND $1 <= $2 AND $3 <= $4{clause}"
+        );
+        use crate::wide::Col::{Plain, Real};
+        let sql = self.wide_sql(
+            &inner,
+            &[
+                Plain("gpu_id"),
+                Plain("o_from"),
+                Plain("uuid"),
+                Plain("host"),
+                Plain("memory_mib"),
+                Plain("team"),
+                Plain("env"),
+                Plain("cloud"),
+                Plain("cluster"),
+                Plain("model"),
+                Plain("vendor"),
+                Real("usd_per_hour"),
+                Plain("present"),
+                Plain("known"),
+                Plain("idle"),
+                Plain("alloc"),
+                Plain("alloc_idle"),
+                Real("act"),
+                Real("mem"),
+                Plain("b_hours"),
+                Real("b_usd"),
+            ],
+            "j.uuid, j.o_from",
+        );
+        let t = today.min(hi);
+        self.fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
+            .await
     }
 
     /// [`Store::gpu_windows`] read the plain way, every row joined to the owner period it fell
@@ -781,6 +971,72 @@ struct WindowRow {
     b_hours: i64,
     #[serde(deserialize_with = "crate::wide::real")]
     b_usd: f64,
+}
+
+/// One GPU and owner period's counts over a window ([`Store::gpu_windows`] before today),
+/// read wide in the order of [`COUNTS_COLUMNS`].
+#[derive(serde::Deserialize)]
+struct CountsRow {
+    gpu_id: i64,
+    o_from: i64,
+    present: i64,
+    known: i64,
+    idle: i64,
+    alloc: i64,
+    alloc_idle: i64,
+    #[serde(deserialize_with = "crate::wide::real")]
+    act: f64,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    mem: Option<f64>,
+    b_hours: i64,
+    #[serde(deserialize_with = "crate::wide::real")]
+    b_usd: f64,
+}
+
+/// The columns of [`CountsRow`].
+const COUNTS_COLUMNS: [crate::wide::Col; 11] = [
+    crate::wide::Col::Plain("gpu_id"),
+    crate::wide::Col::Plain("o_from"),
+    crate::wide::Col::Plain("present"),
+    crate::wide::Col::Plain("known"),
+    crate::wide::Col::Plain("idle"),
+    crate::wide::Col::Plain("alloc"),
+    crate::wide::Col::Plain("alloc_idle"),
+    crate::wide::Col::Real("act"),
+    crate::wide::Col::Real("mem"),
+    crate::wide::Col::Plain("b_hours"),
+    crate::wide::Col::Real("b_usd"),
+];
+
+/// A GPU and owner period with its attributes and today's counts (none where it has no row
+/// today), read wide ([`Store::gpu_windows`]).
+#[derive(serde::Deserialize)]
+struct TodayRow {
+    gpu_id: i64,
+    o_from: i64,
+    uuid: String,
+    host: Option<String>,
+    memory_mib: Option<i64>,
+    team: String,
+    env: String,
+    cloud: Option<String>,
+    cluster: Option<String>,
+    model: String,
+    vendor: Option<String>,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    usd_per_hour: Option<f64>,
+    present: Option<i64>,
+    known: Option<i64>,
+    idle: Option<i64>,
+    alloc: Option<i64>,
+    alloc_idle: Option<i64>,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    act: Option<f64>,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    mem: Option<f64>,
+    b_hours: Option<i64>,
+    #[serde(deserialize_with = "crate::wide::opt_real")]
+    b_usd: Option<f64>,
 }
 
 /// The sums of [`window_rows`]' columns per group, named as the columns.

@@ -2812,7 +2812,7 @@ fn assert_close_debug(a: &impl std::fmt::Debug, b: &impl std::fmt::Debug, at: &s
 /// Everything the group rollups answer for window `w` and `filters`: the daily and hourly
 /// trends, the heatmap, the forecast's days and the total's forecast; and what is read from
 /// settled days kept between requests (`settled` in the store): the allocated-idle workloads
-/// (in name order) and used-by.
+/// (in name order), used-by and the per-GPU window counts.
 async fn group_figures(store: &Store, w: Window, filters: &Filters) -> String {
     let daily = store.series(w, filters, true, now()).await.unwrap();
     let hourly = store.series(w, filters, false, now()).await.unwrap();
@@ -2824,7 +2824,8 @@ async fn group_figures(store: &Store, w: Window, filters: &Filters) -> String {
         (&a.workload, &a.used_by, &a.owner).cmp(&(&b.workload, &b.used_by, &b.owner))
     });
     let used = store.used_by_cost(w, filters, now()).await.unwrap();
-    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}\n{idle:?}\n{used:?}")
+    let windows = store.gpu_windows(w, filters, now()).await.unwrap();
+    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}\n{idle:?}\n{used:?}\n{windows:?}")
 }
 
 /// The filters the group rollups are checked under: none, owner teams (one of them the team
