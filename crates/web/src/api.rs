@@ -401,7 +401,7 @@ pub async fn teams(
     if let Err(e) = scope.apply(&mut p) {
         return forbidden(e);
     }
-    let gpus = match state.store.list_gpus(&p.filters, false, state.now()).await {
+    let gpus = match state.store.list_gpus_brief(&p.filters, state.now()).await {
         Ok(g) => g,
         Err(e) => return internal(e),
     };

@@ -536,7 +536,7 @@ impl Notifier {
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let window = p.window(now);
         let (gpus, windows, reads) = tokio::try_join!(
-            store.list_gpus(&p.filters, false, now),
+            store.list_gpus_brief(&p.filters, now),
             store.gpu_totals_with_peak(window, &p.filters, now),
             crate::ui::findings::findings_reads(state, &p),
         )?;

@@ -433,7 +433,7 @@ pub async fn frame(
     let now = state.now();
     // A scoped token's choices come from its teams' GPUs only.
     let visible = if scope.is_limited() {
-        Some(store.list_gpus(&p.filters, false, now).await?)
+        Some(store.list_gpus_brief(&p.filters, now).await?)
     } else {
         None
     };

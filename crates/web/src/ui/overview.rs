@@ -66,7 +66,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
     let (windows, gpus, series, forecast, reads) = tokio::try_join!(
         store.gpu_windows(window, &p.filters, now),
-        store.list_gpus(&p.filters, false, now),
+        store.list_gpus_brief(&p.filters, now),
         store.series(window, &p.filters, daily, now),
         store.forecast_total(&p.filters, now),
         findings_reads(&state, &p),

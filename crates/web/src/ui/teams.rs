@@ -213,7 +213,7 @@ pub async fn team_page(
     p.filters.team = vec![team.clone()];
     let (by_env, gpus, windows, allocs, forecast) = tokio::try_join!(
         store.summary(window, &p.filters, GroupBy::Env, now),
-        store.list_gpus(&p.filters, false, now),
+        store.list_gpus_brief(&p.filters, now),
         store.gpu_totals(window, &p.filters, now),
         store.allocations_in(window, &p.filters, 200),
         // The filters hold only this team: the total is the team's forecast.

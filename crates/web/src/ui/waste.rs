@@ -78,7 +78,7 @@ async fn load(
         }
     };
     let (gpus, windows, reads) = tokio::try_join!(
-        state.store.list_gpus(&page.p.filters, false, page.now),
+        state.store.list_gpus_brief(&page.p.filters, page.now),
         state
             .store
             .gpu_totals_with_peak(page.window, &page.p.filters, page.now),
