@@ -635,9 +635,10 @@ async fn side_by_side(
     Ok(())
 }
 
-/// Time each page and endpoint: the server renders every request from the store (no caching),
-/// so this is the server's work plus a loopback hop. p50, p95 and max of `requests` requests
-/// after one warm-up, and the response size.
+/// Time each page and endpoint: the server renders every request from the store (keeping only
+/// the answers over settled days, which the untimed warm-up reads), so this is the server's
+/// work plus a loopback hop. p50, p95 and max of `requests` requests after one warm-up, and
+/// the response size.
 pub async fn time_pages(
     state: AppState,
     fleet: &demo::Demo,
