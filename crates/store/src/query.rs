@@ -620,7 +620,13 @@ impl Store {
     ) -> Result<Vec<CountsRow>> {
         let (binds_at, ctes, rows) = Self::window_counts_sql(window, now, with_mem);
         let inner = format!("WITH {ctes} SELECT x.* FROM ({rows}) x");
-        let sql = self.wide_sql(&inner, &COUNTS_COLUMNS, "");
+        use crate::wide::Col::Plain;
+        let columns = [
+            &[Plain("gpu_id"), Plain("o_from")][..],
+            &WINDOW_COLUMNS[10..],
+        ]
+        .concat();
+        let sql = self.wide_sql(&inner, &columns, "");
         self.fetch_window_wide(&sql, binds_at, Vec::new()).await
     }
 
@@ -672,34 +678,9 @@ impl Store {
              WHERE o.from_ts < {hi} AND o.to_ts > {lo} AND g.mig_parent_uuid IS NULL \
              AND $1 <= $2 AND $3 <= $4{clause}"
         );
-        use crate::wide::Col::{Plain, Real};
-        let sql = self.wide_sql(
-            &inner,
-            &[
-                Plain("gpu_id"),
-                Plain("o_from"),
-                Plain("uuid"),
-                Plain("host"),
-                Plain("memory_mib"),
-                Plain("team"),
-                Plain("env"),
-                Plain("cloud"),
-                Plain("cluster"),
-                Plain("model"),
-                Plain("vendor"),
-                Real("usd_per_hour"),
-                Plain("present"),
-                Plain("known"),
-                Plain("idle"),
-                Plain("alloc"),
-                Plain("alloc_idle"),
-                Real("act"),
-                Real("mem"),
-                Plain("b_hours"),
-                Real("b_usd"),
-            ],
-            "j.uuid, j.o_from",
-        );
+        use crate::wide::Col::Plain;
+        let columns = [&[Plain("gpu_id"), Plain("o_from")][..], &WINDOW_COLUMNS].concat();
+        let sql = self.wide_sql(&inner, &columns, "j.uuid, j.o_from");
         let t = today.min(hi);
         self.fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
             .await
@@ -741,32 +722,7 @@ impl Store {
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause}"
         );
-        use crate::wide::Col::{Plain, Real};
-        let sql = self.wide_sql(
-            &inner,
-            &[
-                Plain("uuid"),
-                Plain("host"),
-                Plain("memory_mib"),
-                Plain("team"),
-                Plain("env"),
-                Plain("cloud"),
-                Plain("cluster"),
-                Plain("model"),
-                Plain("vendor"),
-                Real("usd_per_hour"),
-                Plain("present"),
-                Plain("known"),
-                Plain("idle"),
-                Plain("alloc"),
-                Plain("alloc_idle"),
-                Real("act"),
-                Real("mem"),
-                Plain("b_hours"),
-                Real("b_usd"),
-            ],
-            "j.uuid, j.o_from",
-        );
+        let sql = self.wide_sql(&inner, &WINDOW_COLUMNS, "j.uuid, j.o_from");
         let rows: Vec<WindowRow> = self.fetch_window_wide(&sql, binds_at, binds).await?;
         Ok(rows
             .into_iter()
@@ -1000,7 +956,7 @@ struct WindowRow {
 }
 
 /// One GPU and owner period's counts over a window ([`Store::gpu_windows`] before today),
-/// read wide in the order of [`COUNTS_COLUMNS`].
+/// read wide: `gpu_id`, `o_from`, then [`WINDOW_SUMS`]' columns.
 #[derive(serde::Deserialize)]
 struct CountsRow {
     gpu_id: i64,
@@ -1019,20 +975,32 @@ struct CountsRow {
     b_usd: f64,
 }
 
-/// The columns of [`CountsRow`].
-const COUNTS_COLUMNS: [crate::wide::Col; 11] = [
-    crate::wide::Col::Plain("gpu_id"),
-    crate::wide::Col::Plain("o_from"),
-    crate::wide::Col::Plain("present"),
-    crate::wide::Col::Plain("known"),
-    crate::wide::Col::Plain("idle"),
-    crate::wide::Col::Plain("alloc"),
-    crate::wide::Col::Plain("alloc_idle"),
-    crate::wide::Col::Real("act"),
-    crate::wide::Col::Real("mem"),
-    crate::wide::Col::Plain("b_hours"),
-    crate::wide::Col::Real("b_usd"),
-];
+/// The columns of [`WindowRow`]: a GPU's attributes and owner, then its counts, the last
+/// nine (from `present`) being [`WINDOW_SUMS`]' columns.
+const WINDOW_COLUMNS: [crate::wide::Col; 19] = {
+    use crate::wide::Col::{Plain, Real};
+    [
+        Plain("uuid"),
+        Plain("host"),
+        Plain("memory_mib"),
+        Plain("team"),
+        Plain("env"),
+        Plain("cloud"),
+        Plain("cluster"),
+        Plain("model"),
+        Plain("vendor"),
+        Real("usd_per_hour"),
+        Plain("present"),
+        Plain("known"),
+        Plain("idle"),
+        Plain("alloc"),
+        Plain("alloc_idle"),
+        Real("act"),
+        Real("mem"),
+        Plain("b_hours"),
+        Real("b_usd"),
+    ]
+};
 
 /// A GPU and owner period with its attributes and today's counts (none where it has no row
 /// today), read wide ([`Store::gpu_windows`]).
