@@ -29,7 +29,8 @@ use gpuledger_model::{day_floor, DAY_SECS};
 
 use crate::{Result, Store, Window};
 
-/// How many answers are kept (the oldest goes first): a few ranges and filters per page.
+/// How many answers are kept (the one least recently used goes first): a few ranges and
+/// filters per page.
 const KEPT: usize = 24;
 
 /// The `meta` key of the generation the refresher and pruning bump.
@@ -39,7 +40,7 @@ pub(crate) const GENERATION: &str = "settled_gen";
 pub(crate) const BUMP: &str = "INSERT INTO meta (key, value) VALUES ('settled_gen', '1') \
      ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)";
 
-/// The answers kept, newest last.
+/// The answers kept, the most recently used last.
 #[derive(Default)]
 pub(crate) struct Settled {
     kept: Mutex<VecDeque<Kept>>,
@@ -52,11 +53,16 @@ struct Kept {
 }
 
 impl Settled {
+    /// The answer kept for `question` at `generation`, which becomes the newest kept.
     fn get<T: Send + Sync + 'static>(&self, question: &str, generation: i64) -> Option<Arc<T>> {
-        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.iter()
-            .find(|k| k.question == question && k.generation == generation)
-            .and_then(|k| Arc::clone(&k.answer).downcast::<T>().ok())
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let at = kept
+            .iter()
+            .position(|k| k.question == question && k.generation == generation)?;
+        let k = kept.remove(at)?;
+        let answer = Arc::clone(&k.answer).downcast::<T>().ok();
+        kept.push_back(k);
+        answer
     }
 
     fn put<T: Send + Sync + 'static>(&self, question: String, generation: i64, answer: Arc<T>) {
@@ -174,5 +180,33 @@ impl Store {
             rows.extend(live.into_iter().filter(|r| at(r) >= today));
         }
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_recently_used_answer_goes_first() {
+        let s = Settled::default();
+        for i in 0..KEPT {
+            s.put(format!("q{i}"), 1, Arc::new(i));
+        }
+        // q0 is used again, so q1 is the least recently used when one more comes.
+        assert_eq!(s.get::<usize>("q0", 1).as_deref(), Some(&0));
+        s.put("new".into(), 1, Arc::new(99usize));
+        assert_eq!(s.len(), KEPT);
+        assert_eq!(s.get::<usize>("q0", 1).as_deref(), Some(&0));
+        assert!(s.get::<usize>("q1", 1).is_none());
+        // Another generation, or another type, is not the answer kept.
+        assert!(s.get::<usize>("q2", 2).is_none());
+        assert!(s.get::<String>("q2", 1).is_none());
+        assert_eq!(s.get::<usize>("q2", 1).as_deref(), Some(&2));
+        // Keeping a question again replaces its answer.
+        s.put("q2".into(), 3, Arc::new(7usize));
+        assert_eq!(s.len(), KEPT);
+        assert!(s.get::<usize>("q2", 1).is_none());
+        assert_eq!(s.get::<usize>("q2", 3).as_deref(), Some(&7));
     }
 }
