@@ -513,45 +513,15 @@ impl Store {
         let live = self.window_today(lo, hi, today, filters, with_mem).await?;
         let mut out = Vec::with_capacity(live.len());
         for r in live {
-            let c = by_period.get(&(r.gpu_id, r.o_from));
-            let int = |own: Option<i64>, kept: fn(&CountsRow) -> i64| {
-                own.unwrap_or(0) + c.map(|c| kept(c)).unwrap_or(0)
-            };
-            let real = |own: Option<f64>, kept: fn(&CountsRow) -> f64| {
-                own.unwrap_or(0.0) + c.map(|c| kept(c)).unwrap_or(0.0)
-            };
-            let present = int(r.present, |c| c.present);
-            if present <= 0 {
+            let c = by_period.get(&(r.gpu_id, r.o_from)).copied();
+            let mut w = r.window(c);
+            if w.present_hours <= 0 {
                 continue;
             }
-            let known = int(r.known, |c| c.known);
-            let idle = int(r.idle, |c| c.idle);
-            let mem = match (r.mem, c.and_then(|c| c.mem)) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            out.push(GpuWindow {
-                uuid: r.uuid,
-                host: r.host,
-                memory_mib: r.memory_mib.map(|m| m.max(0) as u64),
-                mem_max_mib: if with_mem { mem } else { None },
-                team: r.team,
-                env: r.env,
-                cloud: r.cloud,
-                cluster: r.cluster,
-                model: r.model,
-                vendor: r.vendor,
-                usd_per_hour: r.usd_per_hour,
-                present_hours: present,
-                busy_hours: known - idle,
-                idle_hours: idle,
-                allocated_hours: int(r.alloc, |c| c.alloc),
-                allocated_idle_hours: int(r.alloc_idle, |c| c.alloc_idle),
-                known_hours: known,
-                activity_sum: real(r.act, |c| c.act),
-                billed_hours: int(r.b_hours, |c| c.b_hours),
-                billed_usd: real(r.b_usd, |c| c.b_usd),
-            });
+            if !with_mem {
+                w.mem_max_mib = None;
+            }
+            out.push(w);
         }
         Ok(out)
     }
@@ -641,7 +611,7 @@ impl Store {
         today: i64,
         filters: &Filters,
         with_mem: bool,
-    ) -> Result<Vec<TodayRow>> {
+    ) -> Result<Vec<WindowRow>> {
         let (clause, binds) = filters.clause_with(8, "o");
         const OUTSIDE: &str = "h.hour >= $6 AND h.hour < $5 + 86400";
         const INSIDE: &str = "h.hour >= $5 AND h.hour < $6";
@@ -678,9 +648,7 @@ impl Store {
              WHERE o.from_ts < {hi} AND o.to_ts > {lo} AND g.mig_parent_uuid IS NULL \
              AND $1 <= $2 AND $3 <= $4{clause}"
         );
-        use crate::wide::Col::Plain;
-        let columns = [&[Plain("gpu_id"), Plain("o_from")][..], &WINDOW_COLUMNS].concat();
-        let sql = self.wide_sql(&inner, &columns, "j.uuid, j.o_from");
+        let sql = self.wide_sql(&inner, &window_columns(), "j.uuid, j.o_from");
         let t = today.min(hi);
         self.fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
             .await
@@ -715,40 +683,16 @@ impl Store {
         let (clause, binds) = filters.clause_with(8, "o");
         let inner = format!(
             "WITH {ctes} \
-             SELECT g.uuid, g.host, g.memory_mib, o.team, o.env, g.cloud, g.cluster, g.model, g.vendor, \
-             g.usd_per_hour, x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, x.mem, \
-             x.b_hours, x.b_usd, o.from_ts AS o_from \
+             SELECT x.gpu_id, o.from_ts AS o_from, g.uuid, g.host, g.memory_mib, o.team, o.env, \
+             g.cloud, g.cluster, g.model, g.vendor, g.usd_per_hour, x.present, x.known, x.idle, \
+             x.alloc, x.alloc_idle, x.act, x.mem, x.b_hours, x.b_usd \
              FROM ({rows}) x JOIN gpus g ON g.id = x.gpu_id \
              JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts = x.o_from \
              WHERE g.mig_parent_uuid IS NULL{clause}"
         );
-        let sql = self.wide_sql(&inner, &WINDOW_COLUMNS, "j.uuid, j.o_from");
+        let sql = self.wide_sql(&inner, &window_columns(), "j.uuid, j.o_from");
         let rows: Vec<WindowRow> = self.fetch_window_wide(&sql, binds_at, binds).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| GpuWindow {
-                uuid: r.uuid,
-                host: r.host,
-                memory_mib: r.memory_mib.map(|m| m.max(0) as u64),
-                mem_max_mib: r.mem,
-                team: r.team,
-                env: r.env,
-                cloud: r.cloud,
-                cluster: r.cluster,
-                model: r.model,
-                vendor: r.vendor,
-                usd_per_hour: r.usd_per_hour,
-                present_hours: r.present,
-                busy_hours: r.known - r.idle,
-                idle_hours: r.idle,
-                allocated_hours: r.alloc,
-                allocated_idle_hours: r.alloc_idle,
-                known_hours: r.known,
-                activity_sum: r.act,
-                billed_hours: r.b_hours,
-                billed_usd: r.b_usd,
-            })
-            .collect())
+        Ok(rows.into_iter().map(|r| r.window(None)).collect())
     }
 
     /// [`Store::fetch_window_rows`] of a [`Store::wide_sql`] query: its rows, deserialized.
@@ -927,34 +871,6 @@ struct HeldRow(
     #[serde(deserialize_with = "crate::wide::real")] f64,
 );
 
-/// A row of [`Store::gpu_windows`]' wide read, in the order of its columns.
-#[derive(serde::Deserialize)]
-struct WindowRow {
-    uuid: String,
-    host: Option<String>,
-    memory_mib: Option<i64>,
-    team: String,
-    env: String,
-    cloud: Option<String>,
-    cluster: Option<String>,
-    model: String,
-    vendor: Option<String>,
-    #[serde(deserialize_with = "crate::wide::opt_real")]
-    usd_per_hour: Option<f64>,
-    present: i64,
-    known: i64,
-    idle: i64,
-    alloc: i64,
-    alloc_idle: i64,
-    #[serde(deserialize_with = "crate::wide::real")]
-    act: f64,
-    #[serde(deserialize_with = "crate::wide::opt_real")]
-    mem: Option<f64>,
-    b_hours: i64,
-    #[serde(deserialize_with = "crate::wide::real")]
-    b_usd: f64,
-}
-
 /// One GPU and owner period's counts over a window ([`Store::gpu_windows`] before today),
 /// read wide: `gpu_id`, `o_from`, then [`WINDOW_SUMS`]' columns.
 #[derive(serde::Deserialize)]
@@ -975,8 +891,8 @@ struct CountsRow {
     b_usd: f64,
 }
 
-/// The columns of [`WindowRow`]: a GPU's attributes and owner, then its counts, the last
-/// nine (from `present`) being [`WINDOW_SUMS`]' columns.
+/// A GPU's attributes and owner, then its counts: the columns of [`WindowRow`] after its GPU
+/// and owner period, the last nine (from `present`) being [`WINDOW_SUMS`]' columns.
 const WINDOW_COLUMNS: [crate::wide::Col; 19] = {
     use crate::wide::Col::{Plain, Real};
     [
@@ -1002,10 +918,20 @@ const WINDOW_COLUMNS: [crate::wide::Col; 19] = {
     ]
 };
 
-/// A GPU and owner period with its attributes and today's counts (none where it has no row
-/// today), read wide ([`Store::gpu_windows`]).
+/// The columns of [`WindowRow`].
+fn window_columns() -> Vec<crate::wide::Col<'static>> {
+    let ids = [
+        crate::wide::Col::Plain("gpu_id"),
+        crate::wide::Col::Plain("o_from"),
+    ];
+    [&ids[..], &WINDOW_COLUMNS].concat()
+}
+
+/// A GPU and owner period with its attributes and counts, read wide ([`Store::gpu_windows`]):
+/// over the whole window, or over today where the days before are kept (none where it has no
+/// row today).
 #[derive(serde::Deserialize)]
-struct TodayRow {
+struct WindowRow {
     gpu_id: i64,
     o_from: i64,
     uuid: String,
@@ -1031,6 +957,46 @@ struct TodayRow {
     b_hours: Option<i64>,
     #[serde(deserialize_with = "crate::wide::opt_real")]
     b_usd: Option<f64>,
+}
+
+impl WindowRow {
+    /// The row as a [`GpuWindow`], its counts added to `kept` (the same GPU and owner period's
+    /// counts before today) where given; the peak memory is the higher of the two.
+    fn window(self, kept: Option<&CountsRow>) -> GpuWindow {
+        let int = |own: Option<i64>, kept_of: fn(&CountsRow) -> i64| {
+            own.unwrap_or(0) + kept.map(kept_of).unwrap_or(0)
+        };
+        let real = |own: Option<f64>, kept_of: fn(&CountsRow) -> f64| {
+            own.unwrap_or(0.0) + kept.map(kept_of).unwrap_or(0.0)
+        };
+        let known = int(self.known, |c| c.known);
+        let idle = int(self.idle, |c| c.idle);
+        GpuWindow {
+            uuid: self.uuid,
+            host: self.host,
+            memory_mib: self.memory_mib.map(|m| m.max(0) as u64),
+            mem_max_mib: match (self.mem, kept.and_then(|c| c.mem)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            team: self.team,
+            env: self.env,
+            cloud: self.cloud,
+            cluster: self.cluster,
+            model: self.model,
+            vendor: self.vendor,
+            usd_per_hour: self.usd_per_hour,
+            present_hours: int(self.present, |c| c.present),
+            busy_hours: known - idle,
+            idle_hours: idle,
+            allocated_hours: int(self.alloc, |c| c.alloc),
+            allocated_idle_hours: int(self.alloc_idle, |c| c.alloc_idle),
+            known_hours: known,
+            activity_sum: real(self.act, |c| c.act),
+            billed_hours: int(self.b_hours, |c| c.b_hours),
+            billed_usd: real(self.b_usd, |c| c.b_usd),
+        }
+    }
 }
 
 /// The sums of [`window_rows`]' columns per group, named as the columns.
