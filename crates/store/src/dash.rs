@@ -8,7 +8,7 @@ use sqlx::Row;
 
 pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
-use gpuledger_model::DAY_SECS;
+use gpuledger_model::{day_floor, DAY_SECS};
 
 use crate::groups::{CLEAN_DAYS, CLEAN_HOURS, DIRTY_HOUR_RANGES};
 use crate::query::{held_idle, Window, SPLIT_DAYS};
@@ -25,6 +25,19 @@ pub struct Heatmap {
 /// `+{at}`: the owner period never bounds the scan of the hours (see `query::window_rows`).
 fn owner_join(gpu: &str, at: &str) -> String {
     format!(" JOIN gpu_owners o ON o.gpu_id = {gpu} AND o.from_ts <= +{at} AND o.to_ts > +{at}")
+}
+
+/// The last day of GPU `g` with a busy hour (`last_busy`) and with a measured one
+/// (`last_known`) among its day rows where `{days}`: each GPU's day rows newest first
+/// (`gpu_days_gpu`, which carries the known and idle hours: no lookup of the table), to the
+/// first that qualifies, so a GPU busy or measured lately reads a row or two.
+fn evidence_days(days: &str) -> String {
+    format!(
+        "(SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND {days} \
+          AND d.known_hours > d.idle_hours ORDER BY d.day DESC LIMIT 1) AS last_busy, \
+         (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND {days} AND d.known_hours > 0 \
+          ORDER BY d.day DESC LIMIT 1) AS last_known"
+    )
 }
 
 /// A row of the allocated-idle shares (`workload, kind, used_by, owner, gpu_id,
@@ -370,42 +383,94 @@ impl Store {
     }
 
     /// For each physical GPU matching the filters, the last UTC day with a busy hour and the
-    /// last with any known activity (`None`: none within the rollup retention) — what
-    /// `ledger::waste::activity_finding` tells idle from unmeasured GPUs by.
+    /// last with any known activity (`None`: none within the rollup retention), as of `now`:
+    /// what `ledger::waste::activity_finding` tells idle from unmeasured GPUs by.
+    ///
+    /// The days before today are settled (`crate::settled`): their answer, for every GPU, is
+    /// kept while none of them changes. Each request reads only today's (and any later) day
+    /// rows of the GPUs selected, and a day there wins over the kept one.
     pub async fn activity_evidence(
         &self,
         filters: &Filters,
+        now: DateTime<Utc>,
     ) -> Result<Vec<(String, ActivityEvidence)>> {
-        let (clause, binds) = self.filtered_ids_clause(filters, 1);
-        // Each GPU's day rows newest first (`gpu_days_gpu`, which carries the known and idle
-        // hours: no lookup of the table), to the first that qualifies: a GPU busy or measured
-        // lately reads a row or two, whatever the history kept.
+        let today = day_floor(now.timestamp());
+        let kept = self
+            .settled(
+                format!(
+                    "activity evidence threshold {}",
+                    self.settings.idle_threshold_pct
+                ),
+                (i64::MIN, today),
+                || self.activity_evidence_before(today),
+            )
+            .await?;
+        let (clause, binds) = self.filtered_ids_clause(filters, 2);
         let sql = format!(
-            "SELECT g.uuid, \
-             (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.known_hours > d.idle_hours \
-              ORDER BY d.day DESC LIMIT 1) AS last_busy, \
-             (SELECT d.day FROM gpu_days d WHERE d.gpu_id = g.id AND d.known_hours > 0 \
-              ORDER BY d.day DESC LIMIT 1) AS last_known \
-             FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}"
+            "SELECT g.id, g.uuid, {} FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}",
+            evidence_days("d.day >= $1")
         );
         use crate::wide::Col::Plain;
         let sql = self.wide_sql(
             &sql,
-            &[Plain("uuid"), Plain("last_busy"), Plain("last_known")],
+            &[
+                Plain("id"),
+                Plain("uuid"),
+                Plain("last_busy"),
+                Plain("last_known"),
+            ],
             "",
         );
         let sql = self.sql(&sql);
-        let mut q = sqlx::query_scalar(&sql).persistent(false);
+        let mut q = sqlx::query_scalar(&sql).persistent(false).bind(today);
         for b in binds {
             q = q.bind(b);
         }
-        let rows: Vec<(String, Option<i64>, Option<i64>)> =
+        let rows: Vec<(i64, String, Option<i64>, Option<i64>)> =
             Self::wide_rows(q.fetch_one(self.pool()).await?)?;
         Ok(rows
             .into_iter()
-            .map(|(uuid, last_busy_day, last_known_day)| {
+            .map(|(id, uuid, busy, known)| {
+                let before = kept.get(&id).copied().unwrap_or_default();
                 (
                     uuid,
+                    ActivityEvidence {
+                        last_busy_day: busy.or(before.last_busy_day),
+                        last_known_day: known.or(before.last_known_day),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// [`Store::activity_evidence`] over the days before `today`, of every physical GPU, by
+    /// GPU id.
+    async fn activity_evidence_before(
+        &self,
+        today: i64,
+    ) -> Result<std::collections::HashMap<i64, ActivityEvidence>> {
+        let sql = format!(
+            "SELECT g.id, {} FROM gpus g WHERE g.mig_parent_uuid IS NULL",
+            evidence_days("d.day < $1")
+        );
+        use crate::wide::Col::Plain;
+        let sql = self.wide_sql(
+            &sql,
+            &[Plain("id"), Plain("last_busy"), Plain("last_known")],
+            "",
+        );
+        let sql = self.sql(&sql);
+        let json = sqlx::query_scalar(&sql)
+            .persistent(false)
+            .bind(today)
+            .fetch_one(self.pool())
+            .await?;
+        let rows: Vec<(i64, Option<i64>, Option<i64>)> = Self::wide_rows(json)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, last_busy_day, last_known_day)| {
+                (
+                    id,
                     ActivityEvidence {
                         last_busy_day,
                         last_known_day,

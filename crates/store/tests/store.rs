@@ -1969,7 +1969,10 @@ async fn activity_evidence_tells_unmeasured_from_idle(store: Store) {
         ),
     )
     .await;
-    let ev = store.activity_evidence(&Filters::default()).await.unwrap();
+    let ev = store
+        .activity_evidence(&Filters::default(), now())
+        .await
+        .unwrap();
     let of = |u: &str| ev.iter().find(|(x, _)| x == u).unwrap().1;
     let day = Some(t("2026-12-02T00:00:00Z").timestamp());
     assert_eq!((of(A).last_known_day, of(A).last_busy_day), (day, None));
@@ -2825,7 +2828,12 @@ async fn group_figures(store: &Store, w: Window, filters: &Filters) -> String {
     });
     let used = store.used_by_cost(w, filters, now()).await.unwrap();
     let windows = store.gpu_windows(w, filters, now()).await.unwrap();
-    format!("{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}\n{idle:?}\n{used:?}\n{windows:?}")
+    let mut evidence = store.activity_evidence(filters, now()).await.unwrap();
+    evidence.sort_by(|a, b| a.0.cmp(&b.0));
+    format!(
+        "{daily:?}\n{hourly:?}\n{heat:?}\n{days:?}\n{total:?}\n{idle:?}\n{used:?}\n{windows:?}\n\
+         {evidence:?}"
+    )
 }
 
 /// The filters the group rollups are checked under: none, owner teams (one of them the team

@@ -65,7 +65,7 @@ pub async fn findings_reads(
         }
     };
     let (evidence, workloads, unseen) = tokio::try_join!(
-        store.activity_evidence(&p.filters),
+        store.activity_evidence(&p.filters, now),
         store.idle_workloads(window, &p.filters, now),
         unseen,
     )?;
