@@ -633,7 +633,8 @@ impl Store {
         const INSIDE: &str = "h.hour >= $5 AND h.hour < $6";
         // A window that ends before today reads no row of today (the binds stay referenced).
         let live = hi > today;
-        let net = net_day_rows(true, "$5", OUTSIDE, INSIDE);
+        let (net, split) = net_day_parts(true, "$5", OUTSIDE, INSIDE);
+        let split = split.unwrap_or_default();
         let none = if live { "" } else { " WHERE 1 = 0" };
         let (peaks, mem, peak_join) = if with_mem && live {
             (
@@ -651,8 +652,11 @@ impl Store {
             "x.present, x.known, x.idle, x.alloc, x.alloc_idle, x.act, {mem} AS mem, \
              x.b_hours, x.b_usd"
         );
+        // The net rows are one per GPU already; only the hours of split days are summed.
         let join = format!(
-            " LEFT JOIN (SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({net}) u{none} \
+            " LEFT JOIN (SELECT gpu_id, o_from, present, known, idle, alloc, alloc_idle, act, \
+               mem, b_hours, b_usd FROM ({net}) n{none} \
+             UNION ALL SELECT gpu_id, o_from, {WINDOW_SUMS} FROM ({split}) u{none} \
              GROUP BY gpu_id, o_from) x ON x.gpu_id = o.gpu_id AND x.o_from = o.from_ts\
              {peak_join}"
         );
@@ -1100,12 +1104,15 @@ fn hour_rows(owned: bool, only: Option<&str>, from: &str, range: &str) -> String
         None => String::new(),
     };
     format!(
-        "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400, 1, \
-         CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END, \
-         CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, h.allocated, \
-         CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END, \
-         CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END, h.mem_max, \
-         CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END, COALESCE(h.billed_usd, 0) \
+        "SELECT h.gpu_id, {o_from} AS o_from, (h.hour / 86400) * 86400 AS t, 1 AS present, \
+         CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END AS known, \
+         CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END AS idle, \
+         h.allocated AS alloc, \
+         CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END \
+           AS alloc_idle, \
+         CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END AS act, h.mem_max AS mem, \
+         CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END AS b_hours, \
+         COALESCE(h.billed_usd, 0) AS b_usd \
          FROM {drive}{from}{owner} WHERE {range}{period}"
     )
 }
@@ -1210,7 +1217,7 @@ pub(crate) fn running_window_rows(
         (last_by_day, "h.hour >= $6 AND h.hour < $2 + 86400", edge2),
     ] {
         let rows = if by_day {
-            negated_hour_rows(None, outside)
+            negated_hour_rows(outside)
         } else {
             edge
         };
@@ -1270,44 +1277,80 @@ pub(crate) fn edges_by_day_of(binds: [i64; 6], ends_now: bool) -> (bool, bool) {
 ///
 /// With `owned`, each row carries its owner period: one period covers the whole day of a GPU
 /// whose owner did not change within it (periods are contiguous, `crate::owners`), so its
-/// day row and hour rows share that period, looked up once per GPU after they are summed
-/// rather than once per row. A GPU-day a change of owner splits (`split`) is read from its
-/// hours where `{inside}` (the window's part of the day) instead, each hour under its own
-/// period.
+/// day row and hour rows share that period. A GPU-day a change of owner splits (`split`) is
+/// read from its hours where `{inside}` (the window's part of the day) instead, each hour
+/// under its own period.
 fn net_day_rows(owned: bool, day: &str, outside: &str, inside: &str) -> String {
-    let unsplit = if owned {
-        " AND NOT EXISTS (SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day)"
-    } else {
-        ""
-    };
-    let rows = format!(
-        "SELECT d.gpu_id, 0 AS o_from, 0 AS t, d.present_hours AS present, \
-         d.known_hours AS known, d.idle_hours AS idle, d.allocated_hours AS alloc, \
-         d.allocated_idle_hours AS alloc_idle, d.act_sum AS act, \
-         CAST(NULL AS DOUBLE PRECISION) AS mem, d.billed_hours AS b_hours, \
-         d.billed_usd AS b_usd FROM gpu_days d WHERE d.day = {day}{unsplit} \
-         UNION ALL {}",
-        negated_hour_rows(owned.then_some(day), outside)
-    );
-    if !owned {
-        return format!(
-            "SELECT e.gpu_id, 0 AS o_from, {day} AS t, {WINDOW_SUMS} FROM ({rows}) e \
-             GROUP BY e.gpu_id HAVING SUM(e.present) > 0"
-        );
+    let (net, split) = net_day_parts(owned, day, outside, inside);
+    match split {
+        Some(split) => format!("{net} UNION ALL {split}"),
+        None => net,
     }
-    format!(
-        "SELECT n.gpu_id, o.from_ts AS o_from, {day} AS t, n.present, n.known, n.idle, \
-         n.alloc, n.alloc_idle, n.act, n.mem, n.b_hours, n.b_usd FROM (\
-           SELECT e.gpu_id, {WINDOW_SUMS} FROM ({rows}) e \
-           GROUP BY e.gpu_id HAVING SUM(e.present) > 0) n \
-         JOIN gpu_owners o ON o.gpu_id = n.gpu_id AND o.from_ts <= {day} AND o.to_ts > {day} \
-         UNION ALL {}",
+}
+
+/// The two parts of [`net_day_rows`]: one row per GPU whose day no change of owner splits
+/// (every GPU, without `owned`), and with `owned` the hour rows of the GPU-days it splits.
+///
+/// The hours outside the window are summed per GPU on their own and joined to the day rows,
+/// rather than taken off them as negated rows in one grouping of both: the hours are few
+/// (for today, those ahead of the clock) and the day rows need no grouping at all, which at
+/// 10,000 GPUs took a third of the time. The hours are grouped by an expression of `gpu_id`
+/// so SQLite reads them by hour, not GPU by GPU through the index by GPU (see
+/// [`edge_day_mem`]).
+fn net_day_parts(owned: bool, day: &str, outside: &str, inside: &str) -> (String, Option<String>) {
+    let (o_from, owner, unsplit) = if owned {
+        (
+            "o.from_ts",
+            " JOIN gpu_owners o ON o.gpu_id = d.gpu_id AND o.from_ts <= d.day AND o.to_ts > d.day",
+            " AND NOT EXISTS (SELECT 1 FROM split s WHERE s.gpu_id = d.gpu_id AND s.day = d.day)",
+        )
+    } else {
+        ("0", "", "")
+    };
+    let net = |own: &str, out: &str| format!("d.{own} - COALESCE(a.{out}, 0)");
+    let rows = format!(
+        "SELECT d.gpu_id, {o_from} AS o_from, {day} AS t, {} AS present, {} AS known, \
+         {} AS idle, {} AS alloc, {} AS alloc_idle, {} AS act, \
+         CAST(NULL AS DOUBLE PRECISION) AS mem, {} AS b_hours, {} AS b_usd \
+         FROM gpu_days d LEFT JOIN ({}) a ON a.gpu_id = d.gpu_id{owner} \
+         WHERE d.day = {day}{unsplit} AND d.present_hours - COALESCE(a.present, 0) > 0",
+        net("present_hours", "present"),
+        net("known_hours", "known"),
+        net("idle_hours", "idle"),
+        net("allocated_hours", "alloc"),
+        net("allocated_idle_hours", "alloc_idle"),
+        net("act_sum", "act"),
+        net("billed_hours", "b_hours"),
+        net("billed_usd", "b_usd"),
+        hour_sums_per_gpu(outside),
+    );
+    let split = owned.then(|| {
         hour_rows(
             true,
             None,
             "split s CROSS JOIN gpu_hours h",
             &format!("s.day = {day} AND h.gpu_id = s.gpu_id AND {inside}"),
         )
+    });
+    (rows, split)
+}
+
+/// The hour rows of `gpu_hours h` where `{range}` summed per GPU (`gpu_id` and the figures of
+/// [`window_rows`] but `mem`), read by hour.
+fn hour_sums_per_gpu(range: &str) -> String {
+    format!(
+        "SELECT CAST(h.gpu_id AS BIGINT) AS gpu_id, CAST(COUNT(*) AS BIGINT) AS present, \
+         CAST(SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS BIGINT) AS known, \
+         CAST(SUM(CASE WHEN h.act_n > 0 AND h.act_sum < $7 * h.act_n THEN 1 ELSE 0 END) \
+           AS BIGINT) AS idle, \
+         CAST(SUM(h.allocated) AS BIGINT) AS alloc, \
+         CAST(SUM(CASE WHEN h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $7 * h.act_n \
+           THEN 1 ELSE 0 END) AS BIGINT) AS alloc_idle, \
+         CAST(SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) \
+           AS DOUBLE PRECISION) AS act, \
+         CAST(SUM(CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END) AS BIGINT) AS b_hours, \
+         CAST(SUM(COALESCE(h.billed_usd, 0)) AS DOUBLE PRECISION) AS b_usd \
+         FROM gpu_hours h WHERE {range} GROUP BY CAST(h.gpu_id AS BIGINT)"
     )
 }
 
@@ -1357,14 +1400,7 @@ fn running_present_rows(binds: [i64; 6], ends_now: bool) -> String {
 
 /// The hour rows of `gpu_hours h` where `{range}` with every figure negated and no peak
 /// memory (`o_from` 0): the part of an edge day's row outside the window, taken back off it.
-/// With `unsplit_day`, the edge day, the GPUs a change of owner splits that day are left out
-/// (see [`net_day_rows`]).
-fn negated_hour_rows(unsplit_day: Option<&str>, range: &str) -> String {
-    let unsplit = unsplit_day.map_or(String::new(), |day| {
-        format!(
-            " AND NOT EXISTS (SELECT 1 FROM split s WHERE s.gpu_id = h.gpu_id AND s.day = {day})"
-        )
-    });
+fn negated_hour_rows(range: &str) -> String {
     format!(
         "SELECT h.gpu_id, 0 AS o_from, 0, -1, \
          -(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END), \
@@ -1373,7 +1409,7 @@ fn negated_hour_rows(unsplit_day: Option<&str>, range: &str) -> String {
          -(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END), \
          CAST(NULL AS DOUBLE PRECISION), \
          -(CASE WHEN h.billed_usd IS NULL THEN 0 ELSE 1 END), -COALESCE(h.billed_usd, 0) \
-         FROM gpu_hours h WHERE {range}{unsplit}"
+         FROM gpu_hours h WHERE {range}"
     )
 }
 
