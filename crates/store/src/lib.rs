@@ -187,6 +187,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "allocations_end_index",
         include_str!("../migrations/sqlite/0018_allocations_end_index.sql"),
     ),
+    (
+        19,
+        "gpus_source",
+        include_str!("../migrations/sqlite/0019_gpus_source.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -278,6 +283,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         18,
         "allocations_end_index",
         include_str!("../migrations/postgres/0018_allocations_end_index.sql"),
+    ),
+    (
+        19,
+        "gpus_source",
+        include_str!("../migrations/postgres/0019_gpus_source.sql"),
     ),
 ];
 
