@@ -50,12 +50,20 @@ pub async fn savings_api(
                     x
                 })
                 .collect();
-            axum::Json(serde_json::json!({
-                "idle_days": idle_days,
-                "usd_per_month": total_per_month(&items),
-                "count": items.len(),
-                "items": items,
-            }))
+            // Serialized straight from the findings, not through a `serde_json::Value`.
+            #[derive(serde::Serialize)]
+            struct Savings {
+                count: usize,
+                idle_days: i64,
+                items: Vec<Finding>,
+                usd_per_month: f64,
+            }
+            axum::Json(Savings {
+                count: items.len(),
+                idle_days,
+                usd_per_month: total_per_month(&items),
+                items,
+            })
             .into_response()
         }
         Err(e) => e.json(),
