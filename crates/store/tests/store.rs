@@ -1977,6 +1977,44 @@ async fn activity_evidence_tells_unmeasured_from_idle(store: Store) {
     let day = Some(t("2026-12-02T00:00:00Z").timestamp());
     assert_eq!((of(A).last_known_day, of(A).last_busy_day), (day, None));
     assert_eq!((of(B).last_known_day, of(B).last_busy_day), (None, None));
+    // Busy days before today (kept once settled) and today's day rows (read each time): the
+    // later day wins, whichever part it is in.
+    const C: &str = "GPU-cccccccc-0000-0000-0000-000000000003";
+    push(
+        &store,
+        &who("lab", None),
+        &format!(
+            r#"{{"gpus":[{{"uuid":"{C}","model":"Tesla T4","observed_at":"2026-11-30T08:00:00Z"}}],
+              "samples":[{{"gpu_uuid":"{A}","ts":"2026-11-30T08:30:00Z","util_pct":90}},
+                {{"gpu_uuid":"{C}","ts":"2026-11-30T08:30:00Z","util_pct":90}},
+                {{"gpu_uuid":"{C}","ts":"2026-12-02T09:30:00Z","util_pct":95}}]}}"#
+        ),
+    )
+    .await;
+    store.refresh_groups(now().timestamp()).await.unwrap();
+    let before = Some(t("2026-11-30T00:00:00Z").timestamp());
+    for read in ["read", "kept"] {
+        let ev = store
+            .activity_evidence(&Filters::default(), now())
+            .await
+            .unwrap();
+        let of = |u: &str| ev.iter().find(|(x, _)| x == u).unwrap().1;
+        assert_eq!(
+            (of(A).last_known_day, of(A).last_busy_day),
+            (day, before),
+            "{read}"
+        );
+        assert_eq!((of(B).last_known_day, of(B).last_busy_day), (None, None));
+        assert_eq!(
+            (of(C).last_known_day, of(C).last_busy_day),
+            (day, day),
+            "{read}"
+        );
+    }
+    assert!(
+        store.settled_answers() > 0,
+        "the days before today are kept"
+    );
 }
 
 /// `import billing` and other one-off commands re-roll day rows with the idle threshold the
