@@ -153,6 +153,26 @@ impl Window {
     }
 }
 
+/// The order of the GPU lists: by host (none first), each host's physical GPUs before its
+/// MIG instances, then by parent, PCI address and UUID.
+type ListKey<'a> = (
+    &'a Option<String>,
+    bool,
+    &'a Option<String>,
+    &'a Option<String>,
+    &'a String,
+);
+
+fn list_order(g: &GpuView) -> ListKey<'_> {
+    (
+        &g.host,
+        g.mig_parent_uuid.is_some(),
+        &g.mig_parent_uuid,
+        &g.pci_bus_id,
+        &g.uuid,
+    )
+}
+
 impl Store {
     fn view(&self, rec: GpuRecord, now: i64) -> GpuView {
         let stale = self.settings.stale_window_secs;
@@ -259,22 +279,7 @@ impl Store {
             .into_iter()
             .map(|r| self.view(r.record().1, now))
             .collect();
-        views.sort_unstable_by(|a, b| {
-            (
-                &a.host,
-                a.mig_parent_uuid.is_some(),
-                &a.mig_parent_uuid,
-                &a.pci_bus_id,
-                &a.uuid,
-            )
-                .cmp(&(
-                    &b.host,
-                    b.mig_parent_uuid.is_some(),
-                    &b.mig_parent_uuid,
-                    &b.pci_bus_id,
-                    &b.uuid,
-                ))
-        });
+        views.sort_unstable_by(|a, b| list_order(a).cmp(&list_order(b)));
         Ok(views)
     }
 
