@@ -192,6 +192,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "gpus_source",
         include_str!("../migrations/sqlite/0019_gpus_source.sql"),
     ),
+    (
+        20,
+        "gpus_filter_values",
+        include_str!("../migrations/sqlite/0020_gpus_filter_values.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -288,6 +293,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         19,
         "gpus_source",
         include_str!("../migrations/postgres/0019_gpus_source.sql"),
+    ),
+    (
+        20,
+        "gpus_filter_values",
+        include_str!("../migrations/postgres/0020_gpus_filter_values.sql"),
     ),
 ];
 
