@@ -760,6 +760,18 @@ impl Store {
         Ok(q.fetch_all(self.pool()).await?)
     }
 
+    /// [`Store::gpu_windows`] without peak memory (`mem_max_mib` is None), owner periods
+    /// apart: what the summary reads ([`Store::summary_of`]), and with owner periods folded
+    /// ([`gpuledger_ledger::summary::per_gpu`]) what [`Store::gpu_totals`] gives.
+    pub async fn gpu_windows_without_peak(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
+        self.gpu_windows_of(window, filters, now, false).await
+    }
+
     /// One row per physical GPU over the window (owner periods folded; team and environment are
     /// the latest period's), for per-GPU tables, without peak memory (`mem_max_mib` is None):
     /// no table shows it, and without it the window's edge days are read the cheaper way
@@ -797,16 +809,29 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Summary> {
         // No figure of the summary needs peak memory.
-        let windows = self.gpu_windows_of(window, filters, now, false).await?;
-        let (groups, total) = summarize(&windows, group_by);
-        Ok(Summary {
+        let windows = self.gpu_windows_without_peak(window, filters, now).await?;
+        Ok(self.summary_of(&windows, window, group_by, now))
+    }
+
+    /// [`Store::summary`] of per-GPU windows already read for `window` and the same filters
+    /// ([`Store::gpu_windows_without_peak`]): for a page that shows the summary and the
+    /// per-GPU figures of one read.
+    pub fn summary_of(
+        &self,
+        windows: &[GpuWindow],
+        window: Window,
+        group_by: GroupBy,
+        now: DateTime<Utc>,
+    ) -> Summary {
+        let (groups, total) = summarize(windows, group_by);
+        Summary {
             from: ts(window.from),
             to: ts(window.to.min(now.timestamp())),
             group_by: group_by.as_str().to_string(),
             idle_threshold_pct: self.settings.idle_threshold_pct,
             groups,
             total,
-        })
+        }
     }
 
     /// Every source with its freshness against the objective.

@@ -211,14 +211,16 @@ pub async fn team_page(
     f.title = format!("Team {team}");
     let store = &state.store;
     p.filters.team = vec![team.clone()];
-    let (by_env, gpus, windows, allocs, forecast) = tokio::try_join!(
-        store.summary(window, &p.filters, GroupBy::Env, now),
+    let (windows, gpus, allocs, forecast) = tokio::try_join!(
+        store.gpu_windows_without_peak(window, &p.filters, now),
         store.list_gpus_brief(&p.filters, now),
-        store.gpu_totals(window, &p.filters, now),
         store.allocations_in(window, &p.filters, 200),
         // The filters hold only this team: the total is the team's forecast.
         store.forecast_total(&p.filters, now),
     )?;
+    // One read of the per-GPU counts serves the summary by environment and the GPUs' table.
+    let by_env = store.summary_of(&windows, window, GroupBy::Env, now);
+    let windows = gpuledger_ledger::summary::per_gpu(windows);
     let mut groups = by_env.groups.clone();
     let mut total = by_env.total.clone();
     total.key = "total".into();
