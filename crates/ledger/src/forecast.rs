@@ -28,7 +28,7 @@ use chrono::{DateTime, Datelike, Duration, NaiveDate, Utc, Weekday};
 use gpuledger_model::UNKNOWN;
 use serde::Serialize;
 
-use crate::summary::{round, GroupBy};
+use crate::summary::{round, GpuWindow, GroupBy};
 
 /// Complete days a forecast reads at most.
 pub const BASIS_DAYS: i64 = 28;
@@ -221,6 +221,38 @@ pub fn group_days(rows: &[DayRow], by: Option<GroupBy>) -> BTreeMap<String, Vec<
     acc.into_iter()
         .map(|(k, days)| (k, days.into_values().collect()))
         .collect()
+}
+
+/// The day rows of `day` from per-GPU windows over that day alone, one per (team, env, cloud,
+/// model): present hours, their cost over the GPUs with a rate ([`GpuWindow::cost_usd`]) and
+/// the hours of GPUs without one, as the store sums them from its day rows.
+pub fn day_rows(day: NaiveDate, windows: &[GpuWindow]) -> Vec<DayRow> {
+    type Key<'a> = (&'a str, &'a str, Option<&'a str>, &'a str);
+    let mut by: BTreeMap<Key, DayRow> = BTreeMap::new();
+    for w in windows.iter().filter(|w| w.present_hours > 0) {
+        let key = (
+            w.team.as_str(),
+            w.env.as_str(),
+            w.cloud.as_deref(),
+            w.model.as_str(),
+        );
+        let r = by.entry(key).or_insert_with(|| DayRow {
+            day,
+            team: w.team.clone(),
+            env: w.env.clone(),
+            cloud: w.cloud.clone(),
+            model: w.model.clone(),
+            gpu_hours: 0,
+            cost_usd: 0.0,
+            unpriced_gpu_hours: 0,
+        });
+        r.gpu_hours += w.present_hours;
+        match w.cost_usd() {
+            Some(c) => r.cost_usd += c,
+            None => r.unpriced_gpu_hours += w.present_hours,
+        }
+    }
+    by.into_values().collect()
 }
 
 fn is_weekend(d: NaiveDate) -> bool {

@@ -275,6 +275,30 @@ impl SeriesPoint {
     }
 }
 
+/// The daily trend's point of the day starting at `start` from per-GPU windows over that day
+/// alone (owner periods apart or folded): their hours summed over the windows with a present
+/// hour, each GPU counted once, as the store sums its day rows. `None` when no GPU was present
+/// that day: the trend then has no point for it.
+pub fn day_point(start: DateTime<Utc>, windows: &[GpuWindow]) -> Option<SeriesPoint> {
+    let mut p = SeriesPoint {
+        start,
+        ..Default::default()
+    };
+    let mut uuids = std::collections::HashSet::new();
+    for w in windows.iter().filter(|w| w.present_hours > 0) {
+        if uuids.insert(w.uuid.as_str()) {
+            p.gpus += 1;
+        }
+        p.gpu_hours += w.present_hours;
+        p.busy_hours += w.busy_hours;
+        p.idle_hours += w.idle_hours;
+        p.known_hours += w.known_hours;
+        p.allocated_hours += w.allocated_hours;
+        p.activity_sum += w.activity_sum;
+    }
+    (p.gpus > 0).then_some(p)
+}
+
 #[derive(Default)]
 struct Acc {
     g: SummaryGroup,

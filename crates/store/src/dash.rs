@@ -188,7 +188,19 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
-        self.split_at_today(
+        self.daily_series_with(window, filters, now, false).await
+    }
+
+    /// [`Store::daily_series`], without today's point where `today_apart`
+    /// ([`Store::split_at_today_with`]).
+    async fn daily_series_with(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        today_apart: bool,
+    ) -> Result<Vec<SeriesPoint>> {
+        self.split_at_today_with(
             format!(
                 "daily series {filters:?} threshold {}",
                 self.settings.idle_threshold_pct
@@ -197,8 +209,55 @@ impl Store {
             now,
             |p: &SeriesPoint| p.start.timestamp(),
             |w| self.daily_series_read(w, filters, now),
+            today_apart,
         )
         .await
+    }
+
+    /// What the Overview reads of its window: the per-GPU windows with peak memory
+    /// ([`Store::gpu_windows`]), the fleet trend ([`Store::series`], by day when `daily`) and
+    /// the total's forecast ([`Store::forecast_total`]), with the same figures. Where the
+    /// window runs to now ([`Store::shares_today`]) today's per-GPU rows are read once, with
+    /// the windows, and today's point of the daily trend and day of the forecast are summed
+    /// from them (`ledger::summary::day_point`, `ledger::forecast::day_rows`) rather than
+    /// read twice more; the days before today are kept as each read keeps them.
+    pub async fn windows_trend_forecast(
+        &self,
+        window: Window,
+        filters: &Filters,
+        daily: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(
+        Vec<gpuledger_ledger::GpuWindow>,
+        Vec<SeriesPoint>,
+        gpuledger_ledger::forecast::Forecast,
+    )> {
+        let share = Self::shares_today(window, now);
+        let series = async {
+            if daily {
+                self.daily_series_with(window, filters, now, share).await
+            } else {
+                self.series(window, filters, false, now).await
+            }
+        };
+        let ((windows, today), mut series, mut days) = tokio::try_join!(
+            self.gpu_windows_split(window, filters, now, true, share),
+            series,
+            self.forecast_total_days_with(filters, now, share),
+        )?;
+        if share {
+            let start = day_floor(now.timestamp());
+            if daily {
+                series.extend(gpuledger_ledger::summary::day_point(ts(start), &today));
+            }
+            days.extend(gpuledger_ledger::forecast::day_rows(
+                ts(start).date_naive(),
+                &today,
+            ));
+        }
+        let forecast =
+            gpuledger_ledger::forecast::forecasts(&days, gpuledger_ledger::GroupBy::Team, now).1;
+        Ok((windows, series, forecast))
     }
 
     /// [`Store::daily_series`] read at once.
@@ -216,14 +275,14 @@ impl Store {
             format!(
                 "{DAY_SUMS} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
                  JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
-                 WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t"
+                 WHERE u.present > 0 AND g.mig_parent_uuid IS NULL{clause} GROUP BY u.t"
             )
         } else {
             // Neither team nor environment filtered: the rows need no owner period, only the
             // GPUs the filters select (physical ones), looked up once.
             let (clause, _) = filters.clause(8);
             format!(
-                "{DAY_SUMS} FROM ({union}) u WHERE u.gpu_id IN (\
+                "{DAY_SUMS} FROM ({union}) u WHERE u.present > 0 AND u.gpu_id IN (\
                    SELECT g.id FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}) \
                  GROUP BY u.t"
             )
@@ -288,7 +347,8 @@ impl Store {
                UNION ALL \
                {rows} FROM ({union}) u JOIN gpus g ON g.id = u.gpu_id \
                JOIN gpu_owners o ON o.gpu_id = u.gpu_id AND o.from_ts = u.o_from \
-               WHERE g.mig_parent_uuid IS NULL{clause} GROUP BY u.t, o.team) s \
+               WHERE u.present > 0 AND g.mig_parent_uuid IS NULL{clause} \
+               GROUP BY u.t, o.team) s \
              GROUP BY t, team ORDER BY t, team"
         );
         self.fetch_window_rows(&sql, binds_at, binds)

@@ -178,21 +178,40 @@ impl Store {
     /// without the owner periods (as the daily trend's fast path does), which gives the same
     /// days at a fraction of the work.
     pub async fn forecast_total(&self, filters: &Filters, now: DateTime<Utc>) -> Result<Forecast> {
+        let rows = self.forecast_total_days_with(filters, now, false).await?;
+        Ok(forecasts(&rows, GroupBy::Team, now).1)
+    }
+
+    /// The day rows of [`Store::forecast_total`], without today's where `today_apart`
+    /// ([`Store::split_at_today_with`]).
+    pub(crate) async fn forecast_total_days_with(
+        &self,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        today_apart: bool,
+    ) -> Result<Vec<DayRow>> {
         let window = inputs_window(now);
         if filters.by_owner() {
-            let rows = self.forecast_days(window, filters, now).await?;
-            return Ok(forecasts(&rows, GroupBy::Team, now).1);
+            return self
+                .split_at_today_with(
+                    format!("forecast days {filters:?}"),
+                    window,
+                    now,
+                    day_start,
+                    |w| self.forecast_days_read(w, filters, now),
+                    today_apart,
+                )
+                .await;
         }
-        let rows = self
-            .split_at_today(
-                format!("forecast total days {filters:?}"),
-                window,
-                now,
-                day_start,
-                |w| self.forecast_total_days(w, filters, now),
-            )
-            .await?;
-        Ok(forecasts(&rows, GroupBy::Team, now).1)
+        self.split_at_today_with(
+            format!("forecast total days {filters:?}"),
+            window,
+            now,
+            day_start,
+            |w| self.forecast_total_days(w, filters, now),
+            today_apart,
+        )
+        .await
     }
 
     /// The days of [`Store::forecast_total`] without a team or environment filter, read at

@@ -506,11 +506,41 @@ impl Store {
         now: DateTime<Utc>,
         with_mem: bool,
     ) -> Result<Vec<GpuWindow>> {
+        Ok(self
+            .gpu_windows_split(window, filters, now, with_mem, false)
+            .await?
+            .0)
+    }
+
+    /// Whether the window runs to now from a day before today, so that its per-GPU rows of
+    /// today ([`Store::gpu_windows_split`]) are today's part of any other read of the same
+    /// filters up to now (the daily trend, the forecast): today's day rows less the hours
+    /// ahead of the clock, whatever the window's start.
+    pub(crate) fn shares_today(window: Window, now: DateTime<Utc>) -> bool {
+        let today = day_floor(now.timestamp());
+        let (lo, hi) = window.hours(now.timestamp());
+        window.to >= now.timestamp() && lo < today && hi > today
+    }
+
+    /// [`Store::gpu_windows_of`], with the rows of today alone (owner periods apart, peak
+    /// memory only `with_mem`) where `keep_today` and [`Store::shares_today`] (else none).
+    pub(crate) async fn gpu_windows_split(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        with_mem: bool,
+        keep_today: bool,
+    ) -> Result<(Vec<GpuWindow>, Vec<GpuWindow>)> {
         let today = day_floor(now.timestamp());
         let (lo, hi) = window.hours(now.timestamp());
         if lo >= today || hi <= lo {
-            return self.gpu_windows_read(window, filters, now, with_mem).await;
+            let windows = self
+                .gpu_windows_read(window, filters, now, with_mem)
+                .await?;
+            return Ok((windows, Vec::new()));
         }
+        let keep_today = keep_today && Self::shares_today(window, now);
         let before = Window {
             from: window.from,
             to: window.to.min(today),
@@ -533,7 +563,15 @@ impl Store {
             kept.iter().map(|c| ((c.gpu_id, c.o_from), c)).collect();
         let live = self.window_today(lo, hi, today, filters, with_mem).await?;
         let mut out = Vec::with_capacity(live.len());
+        let mut today_rows = Vec::new();
         for r in live {
+            if keep_today && r.present.unwrap_or(0) > 0 {
+                let mut t = r.clone().window(None);
+                if !with_mem {
+                    t.mem_max_mib = None;
+                }
+                today_rows.push(t);
+            }
             let c = by_period.get(&(r.gpu_id, r.o_from)).copied();
             let mut w = r.window(c);
             if w.present_hours <= 0 {
@@ -544,7 +582,7 @@ impl Store {
             }
             out.push(w);
         }
-        Ok(out)
+        Ok((out, today_rows))
     }
 
     /// The SQL of [`Store::gpu_windows`]' counts: the binds, the CTEs, then one row per GPU
@@ -985,7 +1023,7 @@ fn window_columns() -> Vec<crate::wide::Col<'static>> {
 /// A GPU and owner period with its attributes and counts, read wide ([`Store::gpu_windows`]):
 /// over the whole window, or over today where the days before are kept (none where it has no
 /// row today).
-#[derive(serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 struct WindowRow {
     gpu_id: i64,
     o_from: i64,

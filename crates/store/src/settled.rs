@@ -151,8 +151,32 @@ impl Store {
         F: Fn(Window) -> Fut,
         Fut: Future<Output = Result<Vec<T>>>,
     {
+        self.split_at_today_with(question, window, now, at, read, false)
+            .await
+    }
+
+    /// [`Store::split_at_today`], without today's part where `today_apart`: the rows of the
+    /// days before today alone, for a caller that has today's from another read (see
+    /// [`Store::shares_today`]).
+    pub(crate) async fn split_at_today_with<T, F, Fut>(
+        &self,
+        question: String,
+        window: Window,
+        now: DateTime<Utc>,
+        at: fn(&T) -> i64,
+        read: F,
+        today_apart: bool,
+    ) -> Result<Vec<T>>
+    where
+        T: Clone + Send + Sync + 'static,
+        F: Fn(Window) -> Fut,
+        Fut: Future<Output = Result<Vec<T>>>,
+    {
         let today = day_floor(now.timestamp());
         let (lo, hi) = window.hours(now.timestamp());
+        if today_apart && lo >= today {
+            return Ok(Vec::new());
+        }
         if lo >= today || hi <= lo {
             return read(window).await;
         }
@@ -171,7 +195,7 @@ impl Store {
             })
             .await?;
         let mut rows = kept.as_ref().clone();
-        if hi > today {
+        if hi > today && !today_apart {
             let live = read(Window {
                 from: today - DAY_SECS,
                 to: window.to,

@@ -4756,3 +4756,111 @@ async fn forecast_month_so_far_equals_the_summary(store: Store) {
 }
 
 both!(forecast_month_so_far_equals_the_summary);
+
+/// The Overview's one read of today (`windows_trend_forecast`) gives the figures of the
+/// separate reads: the per-GPU windows, the daily and hourly trends and the total's forecast,
+/// for windows that run to now (today's part shared), start today, or end before now (read
+/// apart), with and without filters, across a change of owner today and a GPU without a rate;
+/// each time while the days before today are read and while they are kept.
+async fn overview_reads_today_once_with_the_same_figures(store: Store) {
+    let p = who("hand", None);
+    let gpu = |uuid: &str, model: &str, team: &str, at: &str| {
+        format!(
+            r#"{{"uuid":"{uuid}","model":"{model}","labels":{{"team":"{team}","env":"prod"}},"observed_at":"{at}"}}"#
+        )
+    };
+    for (uuid, model, team, from, to) in [
+        (
+            A,
+            "NVIDIA H100 80GB HBM3",
+            "nlp",
+            "2026-11-20T00:30:00Z",
+            "2026-12-02T12:00:00Z",
+        ),
+        (
+            B,
+            "Tesla T4",
+            "vision",
+            "2026-11-28T00:30:00Z",
+            "2026-12-02T07:00:00Z",
+        ),
+        (
+            C,
+            "Mystery GPU",
+            "nlp",
+            "2026-11-25T00:30:00Z",
+            "2026-12-02T12:00:00Z",
+        ),
+    ] {
+        let body = format!(
+            r#"{{"gpus":[{}],"samples":[{}]}}"#,
+            gpu(uuid, model, team, from),
+            hourly_samples(uuid, from, to)
+        );
+        let out = push(&store, &p, &body).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    }
+    // A moves to vision today at 06:10; C is idle this morning, held by a pod since
+    // yesterday.
+    let out = push(
+        &store,
+        &p,
+        &format!(
+            r#"{{"gpus":[{}],"samples":[{{"gpu_uuid":"{C}","ts":"2026-12-02T09:20:00Z","util_pct":0}}],
+              "allocations":[{{"gpu_uuid":"{C}","start":"2026-12-01T20:00:00Z","workload":"train-1","kind":"pod","team":"nlp"}}]}}"#,
+            gpu(A, "NVIDIA H100 80GB HBM3", "vision", "2026-12-02T06:10:00Z")
+        ),
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let f = |k: &str, v: &str| {
+        let mut f = Filters::default();
+        *f.values_mut(k).unwrap() = vec![v.to_string()];
+        f
+    };
+    let windows = [
+        ("2026-11-02T12:00:00Z", "2026-12-02T12:00:00Z"),
+        ("2026-11-25T07:00:00Z", "2026-12-03T00:00:00Z"),
+        ("2026-12-02T03:00:00Z", "2026-12-02T12:00:00Z"),
+        ("2026-11-27T05:00:00Z", "2026-12-02T09:00:00Z"),
+    ];
+    let mut shared = 0;
+    for round in ["read", "kept"] {
+        for (from, to) in windows {
+            let w = hours_window(from, to);
+            for filters in [
+                Filters::default(),
+                f("team", "vision"),
+                f("team", "nlp"),
+                f("env", "prod"),
+                f("model", "Mystery GPU"),
+            ] {
+                for daily in [true, false] {
+                    let at = format!("{round} {from}..{to} {filters:?} daily {daily}");
+                    let one = store
+                        .windows_trend_forecast(w, &filters, daily, now())
+                        .await
+                        .unwrap();
+                    let apart = (
+                        store.gpu_windows(w, &filters, now()).await.unwrap(),
+                        store.series(w, &filters, daily, now()).await.unwrap(),
+                        store.forecast_total(&filters, now()).await.unwrap(),
+                    );
+                    assert_close_debug(&one, &apart, &at);
+                    let today = t("2026-12-02T00:00:00Z");
+                    if daily && w.to >= now().timestamp() && w.from < today.timestamp() {
+                        // Today's point is there, summed from the shared rows.
+                        let last = one.1.last().unwrap();
+                        assert_eq!(last.start, today, "{at}");
+                        assert!(last.gpu_hours > 0, "{at}");
+                        shared += 1;
+                    }
+                }
+            }
+        }
+        store.refresh_groups(now().timestamp()).await.unwrap();
+    }
+    assert_eq!(shared, 20);
+}
+
+both!(overview_reads_today_once_with_the_same_figures);

@@ -64,11 +64,10 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    let (windows, gpus, series, forecast, reads) = tokio::try_join!(
-        store.gpu_windows(window, &p.filters, now),
+    // The per-GPU counts, the trend and the forecast share one read of today.
+    let ((windows, series, forecast), gpus, reads) = tokio::try_join!(
+        store.windows_trend_forecast(window, &p.filters, daily, now),
         store.list_gpus_brief(&p.filters, now),
-        store.series(window, &p.filters, daily, now),
-        store.forecast_total(&p.filters, now),
         findings_reads(&state, &p),
     )?;
     // One read of the per-GPU counts serves both groupings and the waste findings.
