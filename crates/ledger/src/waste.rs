@@ -6,7 +6,8 @@
 //! The Waste page, the overview's top inefficiencies and `GET /api/v1/savings` all render the
 //! values made here; nothing else prices a finding.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 
 use gpuledger_model::{GpuState, GpuView, DAY_SECS};
 use serde::{Serialize, Serializer};
@@ -203,38 +204,86 @@ pub struct IdleWorkload {
 
 /// Fold per-GPU shares into workloads, most expensive first (then most hours, then name).
 pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
-    // (workload, kind, used by, owner) → the workload and the GPUs it held.
-    type Key = (String, String, String, String);
-    let mut by: BTreeMap<Key, (IdleWorkload, BTreeSet<i64>)> = BTreeMap::new();
+    idle_workloads_less(shares, &[])
+}
+
+/// [`idle_workloads`] of `shares` less the hours of the shares `outside` (a window's edge day
+/// read as its day rows less the hours outside the window): the shares of one workload,
+/// allocating team, owner and GPU are added up (the first one's kind and rate kept), those
+/// outside taken off, and what is left with no hour (under 1e-9) is not counted, its GPU
+/// neither. The shares are borrowed, in their order: what the store keeps between requests
+/// is folded as it is.
+pub fn idle_workloads_less<'a>(
+    shares: impl IntoIterator<Item = &'a IdleShare>,
+    outside: &'a [IdleShare],
+) -> Vec<IdleWorkload> {
+    // (workload, allocating team as stored, owner, GPU) → the first share and its hours.
+    type ShareKey<'k> = (&'k str, Option<&'k str>, &'k str, i64);
+    let key = |s: &'a IdleShare| -> ShareKey<'a> {
+        (
+            s.workload.as_str(),
+            s.used_by.as_deref(),
+            s.owner.as_str(),
+            s.gpu_id,
+        )
+    };
+    let mut at: HashMap<ShareKey<'a>, usize> = HashMap::new();
+    let mut net: Vec<(&'a IdleShare, f64)> = Vec::new();
     for s in shares {
-        let used_by = user_team(s.used_by.as_deref());
-        let key = (
-            s.workload.clone(),
-            s.kind.clone(),
-            used_by.clone(),
-            s.owner.clone(),
-        );
-        let (w, gpus) = by.entry(key).or_insert_with(|| {
-            (
-                IdleWorkload {
-                    workload: s.workload.clone(),
-                    kind: s.kind.clone(),
-                    used_by,
-                    owner: s.owner.clone(),
-                    ..Default::default()
-                },
-                BTreeSet::new(),
-            )
-        });
-        gpus.insert(s.gpu_id);
-        w.allocated_idle_hours += s.hours;
-        match s.usd_per_hour {
-            Some(r) => w.cost_usd += s.hours * r,
-            None => w.unpriced_hours += s.hours,
+        match at.entry(key(s)) {
+            Entry::Occupied(e) => net[*e.get()].1 += s.hours,
+            Entry::Vacant(e) => {
+                e.insert(net.len());
+                net.push((s, s.hours));
+            }
         }
     }
-    let mut out: Vec<IdleWorkload> = by
-        .into_values()
+    for o in outside {
+        if let Some(&i) = at.get(&key(o)) {
+            net[i].1 -= o.hours;
+        }
+    }
+    // (workload, kind, used by, owner) → the workload and the GPUs it held, in first-seen
+    // order, then sorted.
+    type Key<'k> = (&'k str, &'k str, String, &'k str);
+    let mut by: HashMap<Key<'a>, usize> = HashMap::new();
+    let mut out: Vec<(IdleWorkload, HashSet<i64>)> = Vec::new();
+    for (s, hours) in net {
+        if hours <= 1e-9 {
+            continue;
+        }
+        let used_by = user_team(s.used_by.as_deref());
+        let i = match by.entry((
+            s.workload.as_str(),
+            s.kind.as_str(),
+            used_by,
+            s.owner.as_str(),
+        )) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                out.push((
+                    IdleWorkload {
+                        workload: s.workload.clone(),
+                        kind: s.kind.clone(),
+                        used_by: e.key().2.clone(),
+                        owner: s.owner.clone(),
+                        ..Default::default()
+                    },
+                    HashSet::new(),
+                ));
+                *e.insert(out.len() - 1)
+            }
+        };
+        let (w, gpus) = &mut out[i];
+        gpus.insert(s.gpu_id);
+        w.allocated_idle_hours += hours;
+        match s.usd_per_hour {
+            Some(r) => w.cost_usd += hours * r,
+            None => w.unpriced_hours += hours,
+        }
+    }
+    let mut out: Vec<IdleWorkload> = out
+        .into_iter()
         .map(|(mut w, gpus)| {
             w.gpus = gpus.len() as i64;
             w
@@ -245,6 +294,9 @@ pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
             .total_cmp(&a.cost_usd)
             .then(b.allocated_idle_hours.total_cmp(&a.allocated_idle_hours))
             .then(a.workload.cmp(&b.workload))
+            .then(a.kind.cmp(&b.kind))
+            .then(a.used_by.cmp(&b.used_by))
+            .then(a.owner.cmp(&b.owner))
     });
     out
 }

@@ -574,9 +574,10 @@ impl Store {
                 || self.idle_day_shares(day_lo, today, filters),
             )
             .await?;
-        let mut shares: Vec<IdleShare> = kept.as_ref().clone();
+        // The kept shares are folded where they are, never copied.
+        let mut live: Vec<IdleShare> = Vec::new();
         if today < day_hi {
-            shares.extend(self.idle_day_shares(today, day_hi, filters).await?);
+            live.extend(self.idle_day_shares(today, day_hi, filters).await?);
         }
         let mut outside = Vec::new();
         for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
@@ -585,25 +586,13 @@ impl Store {
             if by_day {
                 outside.extend(self.idle_shares_unrolled(o_lo, o_hi, filters, now).await?);
             } else if e_lo < e_hi {
-                shares.extend(self.idle_shares_unrolled(e_lo, e_hi, filters, now).await?);
+                live.extend(self.idle_shares_unrolled(e_lo, e_hi, filters, now).await?);
             }
         }
-        if !outside.is_empty() {
-            shares = crate::query::less_outside(
-                shares,
-                outside,
-                |s| {
-                    (
-                        s.workload.clone(),
-                        s.used_by.clone(),
-                        s.owner.clone(),
-                        s.gpu_id,
-                    )
-                },
-                |s| &mut s.hours,
-            );
-        }
-        Ok(gpuledger_ledger::waste::idle_workloads(&shares))
+        Ok(gpuledger_ledger::waste::idle_workloads_less(
+            kept.iter().chain(&live),
+            &outside,
+        ))
     }
 
     /// The allocated-and-idle day rows of the days `[lo, hi)` per workload, allocating team,
