@@ -540,8 +540,13 @@ impl Notifier {
             store.gpu_totals_with_peak(window, &p.filters, now),
             crate::ui::findings::findings_reads(state, &p),
         )?;
+        // The findings alone: a digest shows no table.
+        let listing = crate::ui::findings::Listing {
+            idle_days,
+            tables: false,
+        };
         let found =
-            crate::ui::findings::findings(state, &p, &frame, idle_days, &gpus, &windows, reads);
+            crate::ui::findings::findings(state, &p, &frame, listing, &gpus, &windows, reads);
         // Evidence paths without the page's query: the message adds its own range.
         Ok(found
             .all

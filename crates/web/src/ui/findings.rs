@@ -14,7 +14,7 @@ use super::{col, count, ncol, usd0, Cell, Frame, Table};
 use crate::params::Params;
 use crate::AppState;
 
-/// Every finding of the Waste page, with the tables that show them.
+/// Every finding of the Waste page, with the tables that show them (empty unless asked for).
 pub struct Findings {
     pub idle: Table,
     pub unmeasured: Table,
@@ -33,6 +33,13 @@ fn month_cell(m: Option<f64>) -> Cell {
         m.map(usd0).unwrap_or_else(|| "unknown".into()),
         m.unwrap_or(-1.0),
     )
+}
+
+/// What [`findings`] lists: GPUs idle for `idle_days` or more, and the rows of its tables
+/// only where `tables`.
+pub struct Listing {
+    pub idle_days: i64,
+    pub tables: bool,
 }
 
 /// What the findings read besides the page's GPU list and per-GPU counts, for the window and
@@ -78,12 +85,14 @@ pub async fn findings_reads(
 
 /// Everything the Waste page lists, for the window and filters of `p`.
 /// `gpus` and `windows` are the page's GPU list and per-GPU counts for the same filters, `reads`
-/// the rest ([`findings_reads`]).
+/// the rest ([`findings_reads`]). The tables are filled only where [`Listing::tables`] (the Waste page):
+/// the Overview and `GET /api/v1/savings` show the findings alone, and at 10,000 GPUs the
+/// rows of thousands of idle GPUs are most of the work.
 pub fn findings(
     state: &AppState,
     p: &Params,
     f: &Frame,
-    idle_days: i64,
+    Listing { idle_days, tables }: Listing,
     gpus: &[gpuledger_model::GpuView],
     windows: &[gpuledger_ledger::GpuWindow],
     reads: FindingsReads,
@@ -158,14 +167,16 @@ pub fn findings(
             FindingKind::IdleGpu => &mut idle,
             _ => &mut unmeasured,
         };
-        table.push(vec![
-            Cell::text(g.uuid.clone()).link(link(&x)),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
-            Cell::text(g.model.clone()),
-            Cell::num(format!("{days} d"), days as f64),
-            month_cell(g.usd_per_hour.map(per_month)),
-        ]);
+        if tables {
+            table.push(vec![
+                Cell::text(g.uuid.clone()).link(link(&x)),
+                Cell::text(g.host.clone().unwrap_or_default()),
+                Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
+                Cell::text(g.model.clone()),
+                Cell::num(format!("{days} d"), days as f64),
+                month_cell(g.usd_per_hour.map(per_month)),
+            ]);
+        }
         all.push(x);
     }
 
@@ -198,18 +209,21 @@ pub fn findings(
     );
     for w in workloads.iter().take(100) {
         let x = allocated_idle_finding(w, window_hours);
-        alloc_idle.push(vec![
-            Cell::text(w.workload.clone()),
-            Cell::text(w.kind.clone()),
-            Cell::text(w.used_by.clone()),
-            Cell::text(w.owner.clone()).link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
-            Cell::num(count(w.gpus), w.gpus as f64),
-            Cell::num(
-                format!("{:.1}", w.allocated_idle_hours),
-                w.allocated_idle_hours,
-            ),
-            month_cell(x.usd_per_month),
-        ]);
+        if tables {
+            alloc_idle.push(vec![
+                Cell::text(w.workload.clone()),
+                Cell::text(w.kind.clone()),
+                Cell::text(w.used_by.clone()),
+                Cell::text(w.owner.clone())
+                    .link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
+                Cell::num(count(w.gpus), w.gpus as f64),
+                Cell::num(
+                    format!("{:.1}", w.allocated_idle_hours),
+                    w.allocated_idle_hours,
+                ),
+                month_cell(x.usd_per_month),
+            ]);
+        }
         all.push(x);
     }
 
@@ -243,14 +257,16 @@ pub fn findings(
     });
     for (w, share, x) in lows {
         let act = w.avg_activity_pct();
-        low_mem.push(vec![
-            Cell::text(w.uuid.clone()).link(link(&x)),
-            Cell::text(w.team.clone()),
-            Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
-            Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
-            Cell::num(super::pct(act), act.unwrap_or(-1.0)),
-            month_cell(w.usd_per_hour.map(per_month)),
-        ]);
+        if tables {
+            low_mem.push(vec![
+                Cell::text(w.uuid.clone()).link(link(&x)),
+                Cell::text(w.team.clone()),
+                Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
+                Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
+                Cell::num(super::pct(act), act.unwrap_or(-1.0)),
+                month_cell(w.usd_per_hour.map(per_month)),
+            ]);
+        }
         all.push(x);
     }
 
@@ -276,14 +292,16 @@ pub fn findings(
         .iter()
         .filter_map(|g| missing_finding(g).map(|x| (g, x)))
     {
-        missing.push(vec![
-            Cell::text(g.uuid.clone()).link(link(&x)),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.team.clone()),
-            Cell::text(g.source.clone()),
-            Cell::text(g.last_seen.format("%Y-%m-%d %H:%M UTC").to_string()),
-            month_cell(x.usd_per_month),
-        ]);
+        if tables {
+            missing.push(vec![
+                Cell::text(g.uuid.clone()).link(link(&x)),
+                Cell::text(g.host.clone().unwrap_or_default()),
+                Cell::text(g.team.clone()),
+                Cell::text(g.source.clone()),
+                Cell::text(g.last_seen.format("%Y-%m-%d %H:%M UTC").to_string()),
+                month_cell(x.usd_per_month),
+            ]);
+        }
         all.push(x);
     }
     let mut billed_unseen = Table::new(
@@ -318,18 +336,20 @@ pub fn findings(
             file: u.file.clone(),
         };
         let x = billed_unseen_finding(&b);
-        billed_unseen.push(vec![
-            Cell::text(u.resource_id.clone()),
-            Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
-            Cell::text(format!(
-                "{} – {}",
-                u.first.format("%Y-%m-%d"),
-                u.last.format("%Y-%m-%d")
-            )),
-            Cell::num(super::usd(u.effective_cost), u.effective_cost),
-            month_cell(x.usd_per_month),
-            Cell::text(u.file.clone()),
-        ]);
+        if tables {
+            billed_unseen.push(vec![
+                Cell::text(u.resource_id.clone()),
+                Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
+                Cell::text(format!(
+                    "{} – {}",
+                    u.first.format("%Y-%m-%d"),
+                    u.last.format("%Y-%m-%d")
+                )),
+                Cell::num(super::usd(u.effective_cost), u.effective_cost),
+                month_cell(x.usd_per_month),
+                Cell::text(u.file.clone()),
+            ]);
+        }
         all.push(x);
     }
     rank(&mut all);

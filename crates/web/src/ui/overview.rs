@@ -8,7 +8,7 @@ use gpuledger_ledger::{summarize, GroupBy};
 use gpuledger_model::GpuState;
 
 use super::charts::{stacked, Series};
-use super::findings::{findings, findings_reads};
+use super::findings::{findings, findings_reads, Listing};
 use super::parts::{cost_basis_text, spend_table};
 use super::{
     col, count, ncol, pct, respond, share, status_text, usd, usd0, Cell, Frame, Page, PageError,
@@ -74,7 +74,11 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
     let (env_groups, _) = summarize(&windows, GroupBy::Env);
     let per_gpu = gpuledger_ledger::summary::per_gpu(windows.clone());
-    let found = findings(&state, &p, &f, 7, &gpus, &per_gpu, reads);
+    let listing = Listing {
+        idle_days: 7,
+        tables: false,
+    };
+    let found = findings(&state, &p, &f, listing, &gpus, &per_gpu, reads);
     let t = &total;
     let present = gpus.iter().filter(|g| g.state == GpuState::Present).count() as i64;
     let width = |part: i64| {

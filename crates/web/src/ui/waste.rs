@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use gpuledger_ledger::summary::round;
 use gpuledger_ledger::waste::{total_per_month, Finding};
 
-use super::findings::{findings, findings_reads, Findings};
+use super::findings::{findings, findings_reads, Findings, Listing};
 use super::{respond, usd0, Frame, Page, PageError, Table, Takes};
 use crate::AppState;
 
@@ -40,7 +40,7 @@ pub async fn savings_api(
     State(state): State<AppState>,
     page: Result<Page<WasteParams>, PageError>,
 ) -> Response {
-    match load(&state, page).await {
+    match load(&state, page, false).await {
         Ok((_, found, idle_days)) => {
             let items: Vec<Finding> = found
                 .all
@@ -70,10 +70,12 @@ pub async fn savings_api(
     }
 }
 
-/// The page context, findings and `idle_days` for the page and the API.
+/// The page context, findings and `idle_days` for the page and the API; the findings' tables
+/// filled only where `tables` (the page).
 async fn load(
     state: &AppState,
     page: Result<Page<WasteParams>, PageError>,
+    tables: bool,
 ) -> Result<(Page<WasteParams>, Findings, i64), PageError> {
     let page = page?;
     let idle_days = match page.p.extra.get("idle_days").map(|v| v.parse::<i64>()) {
@@ -96,7 +98,7 @@ async fn load(
         state,
         &page.p,
         &page.frame,
-        idle_days,
+        Listing { idle_days, tables },
         &gpus,
         &windows,
         reads,
@@ -108,7 +110,7 @@ pub async fn waste(
     State(state): State<AppState>,
     page: Result<Page<WasteParams>, PageError>,
 ) -> Result<Response, PageError> {
-    let (page, found, idle_days) = load(&state, page).await?;
+    let (page, found, idle_days) = load(&state, page, true).await?;
     let (p, f) = (page.p, page.frame);
     let total = total_per_month(&found.all);
     let page = WastePage {
