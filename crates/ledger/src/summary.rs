@@ -300,21 +300,21 @@ pub fn day_point(start: DateTime<Utc>, windows: &[GpuWindow]) -> Option<SeriesPo
 }
 
 #[derive(Default)]
-struct Acc {
+struct Acc<'a> {
     g: SummaryGroup,
     activity_sum: f64,
     known_hours: i64,
     /// GPUs counted, so a GPU with two owner periods in a group counts once.
-    uuids: std::collections::BTreeSet<String>,
+    uuids: std::collections::HashSet<&'a str>,
 }
 
-impl Acc {
-    fn add(&mut self, w: &GpuWindow) {
+impl<'a> Acc<'a> {
+    fn add(&mut self, w: &'a GpuWindow) {
         if w.present_hours == 0 {
             return;
         }
         let g = &mut self.g;
-        if self.uuids.insert(w.uuid.clone()) {
+        if self.uuids.insert(w.uuid.as_str()) {
             g.gpus += 1;
         }
         g.gpu_hours += w.present_hours;
