@@ -63,14 +63,18 @@ pub(crate) const RUNNING_DAYS: &str =
      OR gpu_days.run_b_hours <> r.bh OR gpu_days.run_b_usd <> r.bu)";
 
 /// The workloads holding each present hour of the physical GPUs `IDS` in `[$1, $2)` (`x`, with
-/// kind and team, `''` when none) and how many there are (`n`): [`crate::query::held`] for a
-/// few GPUs, driven from their allocations and their MIG instances'. `$hours` narrows the
-/// hours (`h`) read; a condition on the hour keeps or drops all its holders, so `n` stays
-/// their count.
+/// kind and team, `''` when none, and `n`, how many hold that hour): [`crate::query::held`]
+/// for a few GPUs, driven from their allocations and their MIG instances'. `$hours` narrows
+/// the hours (`h`) read; a condition on the hour keeps or drops all its holders, so `n` stays
+/// their count. `n` is a window over the groups, not a join of `x` with its own counts: on
+/// PostgreSQL, tables not yet analyzed during a bulk load made the planner expect one row of
+/// `x` and join the two by nested loop, a few seconds a statement at 2,000 GPUs; and `a` is
+/// materialized, since there the planner, expecting a row or two of hours, joined every
+/// allocation of the range with every hour of it before keeping the GPUs asked for.
 macro_rules! holders_of_ids {
     ($hours:literal) => {
         concat!(
-            "WITH a AS (\
+            "WITH a AS MATERIALIZED (\
            SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
            COALESCE(al.team, '') AS team \
            FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
@@ -79,12 +83,12 @@ macro_rules! holders_of_ids {
            SELECT m.id FROM gpus m JOIN gpus q ON m.mig_parent_uuid = q.uuid WHERE q.id IN (IDS)) \
            AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)), \
          x AS (\
-           SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MAX(a.team) AS team \
+           SELECT h.gpu_id, h.hour, a.workload, MIN(a.kind) AS kind, MAX(a.team) AS team, \
+           COUNT(*) OVER (PARTITION BY h.gpu_id, h.hour) AS n \
            FROM a JOIN gpu_hours h ON h.gpu_id = a.gpu_id AND +h.hour > a.start_ts - 3600 \
            AND +h.hour < COALESCE(a.end_ts, $2) AND h.hour >= $1 AND h.hour < $2",
             $hours,
-            " GROUP BY h.gpu_id, h.hour, a.workload), \
-         n AS (SELECT gpu_id, hour, COUNT(*) AS n FROM x GROUP BY gpu_id, hour)"
+            " GROUP BY h.gpu_id, h.hour, a.workload)"
         )
     };
 }
@@ -95,9 +99,8 @@ macro_rules! holders_of_ids {
 pub(crate) const REROLL_DAY_USE: &str = concat!(
     holders_of_ids!(""),
     " INSERT INTO gpu_day_use (gpu_id, day, team, held_hours) \
-     SELECT x.gpu_id, (x.hour / 86400) * 86400, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
-     FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
-     GROUP BY x.gpu_id, (x.hour / 86400) * 86400, x.team"
+     SELECT x.gpu_id, (x.hour / 86400) * 86400, x.team, CAST(SUM(1.0 / x.n) AS DOUBLE PRECISION) \
+     FROM x GROUP BY x.gpu_id, (x.hour / 86400) * 86400, x.team"
 );
 
 /// Allocated-but-idle hours per workload and day (`gpu_day_idle`) of the physical GPUs `IDS`
@@ -107,9 +110,8 @@ pub(crate) const REROLL_DAY_IDLE: &str = concat!(
     holders_of_ids!(" AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"),
     " INSERT INTO gpu_day_idle (gpu_id, day, owner_from, workload, team, kind, hours) \
      SELECT x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team, MIN(x.kind), \
-     CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
-     FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour \
-     JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts <= x.hour AND o.to_ts > x.hour \
+     CAST(SUM(1.0 / x.n) AS DOUBLE PRECISION) \
+     FROM x JOIN gpu_owners o ON o.gpu_id = x.gpu_id AND o.from_ts <= x.hour AND o.to_ts > x.hour \
      GROUP BY x.gpu_id, (x.hour / 86400) * 86400, o.from_ts, x.workload, x.team"
 );
 
@@ -124,22 +126,24 @@ pub(crate) const ALLOCATED: &str = "CASE WHEN EXISTS (SELECT 1 FROM allocations 
      AND a.start_ts < gpu_hours.hour + 3600 AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) \
      THEN 1 ELSE 0 END";
 
-/// The hours of GPUs `IDS` in `[$1, $2)` that [`ALLOCATED`] flags, as (gpu_id, hour), driven
-/// from the allocations overlapping the range (the GPU's own, and its MIG instances' under the
-/// GPU): each reads its own hours by key. [`ALLOCATED`] asks every hour for its allocations,
-/// and reads all earlier allocations of the GPU to answer, so a GPU's re-roll grew with its
-/// history.
+/// The hours of GPUs `IDS` in `[$1, $2)` that [`ALLOCATED`] flags, as `s (gid, hr)`, driven
+/// from the allocations overlapping the range (`a`: the GPU's own, and its MIG instances' under
+/// the GPU): each reads its own hours by key. [`ALLOCATED`] asks every hour for its
+/// allocations, and reads all earlier allocations of the GPU to answer, so a GPU's re-roll grew
+/// with its history. Both are materialized: on PostgreSQL, tables not yet analyzed during a
+/// bulk load made the planner join every allocation of the range with every hour of it.
 macro_rules! allocated_hours {
     () => {
-        "SELECT h.gpu_id AS gid, h.hour AS hr FROM (\
+        "WITH a AS MATERIALIZED (\
            SELECT al.gpu_id AS gid, al.start_ts, al.end_ts FROM allocations al \
            WHERE al.gpu_id IN (IDS) AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1) \
            UNION ALL \
            SELECT q.id, al.start_ts, al.end_ts FROM gpus q JOIN gpus m ON m.mig_parent_uuid = q.uuid \
            JOIN allocations al ON al.gpu_id = m.id WHERE q.id IN (IDS) AND al.start_ts < $2 \
-           AND (al.end_ts IS NULL OR al.end_ts > $1)) a \
-         CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.hour >= $1 AND h.hour < $2 \
-         AND h.hour > a.start_ts - 3600 AND (a.end_ts IS NULL OR h.hour < a.end_ts)"
+           AND (al.end_ts IS NULL OR al.end_ts > $1)), \
+         s AS MATERIALIZED (SELECT h.gpu_id AS gid, h.hour AS hr \
+         FROM a CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.hour >= $1 AND h.hour < $2 \
+         AND h.hour > a.start_ts - 3600 AND (a.end_ts IS NULL OR h.hour < a.end_ts))"
     };
 }
 
@@ -148,14 +152,13 @@ macro_rules! allocated_hours {
 /// their flag are not written. The flagged hours are materialized once and looked up by key
 /// (SQLite ran `(gpu_id, hour) NOT IN (...)` as a scan of the list per row); setting and
 /// clearing in two statements built that list twice. At 30 days of history this is half the
-/// time of [`ALLOCATED`] per GPU and day on SQLite (PostgreSQL: see [`Store::reroll`]).
-pub(crate) const FLAG_ALLOCATED: [&str; 1] = [concat!(
-    "WITH s AS MATERIALIZED (",
+/// time of [`ALLOCATED`] per GPU and day on SQLite, and a fifth on PostgreSQL.
+pub(crate) const FLAG_ALLOCATED: &str = concat!(
     allocated_hours!(),
-    ") UPDATE gpu_hours SET allocated = 1 - allocated \
+    " UPDATE gpu_hours SET allocated = 1 - allocated \
      WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 AND allocated <> CASE WHEN EXISTS \
      (SELECT 1 FROM s WHERE s.gid = gpu_hours.gpu_id AND s.hr = gpu_hours.hour) THEN 1 ELSE 0 END"
-)];
+);
 
 /// `gpu_hours.evidence` bit: the hour's activity is its allocations' scheduler average.
 pub(crate) const EVIDENCE_ACTIVITY: i64 = 1;
@@ -322,24 +325,8 @@ impl Store {
             )
             .await?;
         }
-        // PostgreSQL plans the set-based flags from its statistics, and during a bulk load
-        // into tables not yet analyzed chose plans eighteen times slower than the per-hour
-        // lookups (33 s against 1.8 s of SQL for 108,000 samples); there the flags are asked
-        // per hour, and only rows whose flag changes are written.
-        let flag_sql = match self.backend() {
-            crate::Backend::Postgres => vec![format!(
-                "UPDATE gpu_hours SET allocated = {ALLOCATED} \
-                 WHERE gpu_id IN (IDS) AND hour >= $1 AND hour < $2 \
-                 AND allocated <> {ALLOCATED}"
-            )],
-            _ => FLAG_ALLOCATED.map(String::from).to_vec(),
-        };
         for ((lo, hi), ids) in &flags {
-            for sql in flag_sql
-                .iter()
-                .map(String::as_str)
-                .chain(FILL_FROM_ALLOCATIONS)
-            {
+            for sql in std::iter::once(FLAG_ALLOCATED).chain(FILL_FROM_ALLOCATIONS) {
                 self.for_ids(tx, ids, *lo, *hi, None, sql).await?;
             }
         }
