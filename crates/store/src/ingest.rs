@@ -80,6 +80,10 @@ impl IngestOutcome {
 }
 
 /// What one ingest builds up as it goes through a body's lists.
+/// GPU rows rewritten by pushes after which `gpus` is vacuumed on PostgreSQL (about five
+/// minutes of a 10,000-GPU fleet pushing every minute).
+pub(crate) const VACUUM_GPUS_AFTER: u64 = 50_000;
+
 struct Batch {
     out: IngestOutcome,
     /// The body's GPUs as stored: (id, record) by UUID.
@@ -219,6 +223,14 @@ impl Store {
             new_gpus,
             ..
         } = b;
+        // Rows of `gpus` this push rewrites: its GPU records, the last sighting of each GPU
+        // it sampled, and owners that follow holders (counted by the GPUs they may move).
+        let rewrites = out.accepted.gpus
+            + touched.values().filter(|t| !t.sampled.is_empty()).count() as u64
+            + touched
+                .values()
+                .filter(|t| t.flags.is_some() || t.holders)
+                .count() as u64;
 
         // Owners that follow the workloads holding a GPU, then roll up what changed.
         let held: Vec<i64> = touched
@@ -235,7 +247,48 @@ impl Store {
         self.audit_push(&mut tx, who, &out, new_gpus, now_secs)
             .await?;
         tx.commit().await?;
+        self.note_gpu_rewrites(rewrites);
         Ok(out)
+    }
+
+    /// Vacuum `gpus` after `rewrites` rewrites of its rows instead of [`VACUUM_GPUS_AFTER`]
+    /// (tests).
+    #[doc(hidden)]
+    pub fn set_vacuum_gpus_after(&self, rewrites: u64) {
+        self.vacuum_gpus_after
+            .store(rewrites, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Count GPU rows a push rewrote and, on PostgreSQL, vacuum `gpus` in the background
+    /// once they reach [`VACUUM_GPUS_AFTER`]. Each push rewrites the row of every GPU it names
+    /// (its last sighting), so a fleet pushing every minute leaves dead row versions by the
+    /// hundred thousand an hour, and every page and re-roll reads past them: at 10,350 GPUs a
+    /// bulk load with autovacuum off grew the table to 468 MB, and its scans with it. The
+    /// server's hourly maintenance vacuums it too; autovacuum, where on, may come first.
+    fn note_gpu_rewrites(&self, rewrites: u64) {
+        use std::sync::atomic::Ordering;
+        if self.backend != crate::Backend::Postgres {
+            return;
+        }
+        let total = self.gpu_rewrites.fetch_add(rewrites, Ordering::Relaxed) + rewrites;
+        if total < self.vacuum_gpus_after.load(Ordering::Relaxed) {
+            return;
+        }
+        self.gpu_rewrites.store(0, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match sqlx::query("VACUUM gpus").execute(&pool).await {
+                Ok(_) => tracing::debug!(
+                    rewrites = total,
+                    secs = started.elapsed().as_secs_f64(),
+                    "vacuumed gpus"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "vacuuming gpus failed; the next pushes retry")
+                }
+            }
+        });
     }
 
     /// The body's GPU records: scope checks, merge, placement (a new GPU may take over a

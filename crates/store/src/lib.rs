@@ -91,6 +91,10 @@ pub struct Store {
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Answers over settled days kept between requests (`settled`).
     settled: std::sync::Arc<settled::Settled>,
+    /// GPU rows pushes rewrote since `gpus` was last vacuumed (PostgreSQL; `ingest.rs`).
+    gpu_rewrites: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// How many rewrites of GPU rows call for vacuuming `gpus` ([`ingest::VACUUM_GPUS_AFTER`]).
+    vacuum_gpus_after: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The end of an open owner period (year 10000), so periods join on a plain range.
@@ -534,6 +538,10 @@ impl Store {
                             // Floats written as text (the wide reads, `wide.rs`) in their
                             // shortest exact form, whatever the server's default.
                             conn.execute("SET extra_float_digits = 3").await?;
+                            // No JIT compilation: the statements here are short, and a
+                            // re-roll over tables not yet analyzed is costed high enough to
+                            // compile, which took two thirds of its 560 ms at 10,000 GPUs.
+                            conn.execute("SET jit = off").await?;
                             if let Some(s) = schema {
                                 conn.execute(format!("SET search_path TO {s}").as_str())
                                     .await?;
@@ -551,6 +559,8 @@ impl Store {
             settings: std::sync::Arc::new(settings),
             write_lock: Default::default(),
             settled: Default::default(),
+            gpu_rewrites: Default::default(),
+            vacuum_gpus_after: std::sync::Arc::new(ingest::VACUUM_GPUS_AFTER.into()),
         };
         store.migrate().await?;
         store
@@ -1234,6 +1244,31 @@ mod tests {
             assert_eq!(got, want, "full = {full}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every PostgreSQL session of the store runs without JIT compilation (the server's
+    /// default is on).
+    #[tokio::test]
+    async fn postgres_sessions_run_without_jit() {
+        let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
+        if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
+            panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
+        }
+        let Some(pg) = pg else {
+            eprintln!("skipped: PostgreSQL (set GPULEDGER_TEST_PG_URL to run it)");
+            return;
+        };
+        let schema = format!("t_jit_{}", std::process::id());
+        Store::drop_schema(&pg, &schema).await.unwrap();
+        let store = Store::open_in_schema(&pg, Some(&schema), Default::default())
+            .await
+            .unwrap();
+        let jit: String = sqlx::query_scalar("SELECT current_setting('jit')")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(jit, "off");
+        Store::drop_schema(&pg, &schema).await.unwrap();
     }
 
     #[tokio::test]

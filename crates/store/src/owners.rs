@@ -331,11 +331,11 @@ impl Store {
                     continue;
                 }
                 let end: Option<i64> = sqlx::query_scalar(&self.sql(HOLDER_LAST_END))
-                .bind(id)
-                .bind(old.uuid.clone())
-                .bind(o.workload.clone())
-                .fetch_one(&mut **tx)
-                .await?;
+                    .bind(id)
+                    .bind(old.uuid.clone())
+                    .bind(o.workload.clone())
+                    .fetch_one(&mut **tx)
+                    .await?;
                 at = at.max(Some(end.unwrap_or(now)));
             }
             let owner_at = changed.then(|| at.unwrap_or(now));

@@ -4864,3 +4864,62 @@ async fn overview_reads_today_once_with_the_same_figures(store: Store) {
 }
 
 both!(overview_reads_today_once_with_the_same_figures);
+
+/// On PostgreSQL, pushes that rewrote enough GPU rows (each push rewrites the last sighting of
+/// every GPU it names) vacuum `gpus` in the background, whether or not autovacuum runs; pushes
+/// short of the threshold do not. (SQLite keeps no dead row versions.)
+#[tokio::test]
+async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
+    let name = "vacuum_gpus";
+    let Some(url) = pg_url(name) else {
+        return;
+    };
+    let schema = format!("t_{name}_{}", std::process::id());
+    Store::drop_schema(&url, &schema).await.unwrap();
+    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    let stats = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    // Manual vacuums only: autovacuum counts apart.
+    let vacuums = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'gpus'",
+        )
+        .bind(schema.clone())
+        .fetch_one(&stats)
+        .await
+        .unwrap()
+    };
+    let body = |minute: u32| {
+        format!(
+            r#"{{"gpus": [{{"uuid": "{A}", "model": "NVIDIA H100 80GB HBM3", "host": "n1",
+                 "labels": {{"team": "nlp"}}, "observed_at": "2026-12-02T11:{minute:02}:00Z"}}],
+               "samples": [{{"gpu_uuid": "{A}", "ts": "2026-12-02T11:{minute:02}:00Z", "util_pct": 50}}]}}"#
+        )
+    };
+    // Two rewrites a push (the record and its sighting): three pushes stay under ten.
+    store.set_vacuum_gpus_after(10);
+    for minute in 0..3 {
+        push(&store, &who("rack", None), &body(minute)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(vacuums().await, 0, "vacuumed before the threshold");
+    // The next two reach it.
+    for minute in 3..5 {
+        push(&store, &who("rack", None), &body(minute)).await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while vacuums().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gpus not vacuumed 20 s after the threshold"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stats.close().await;
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
