@@ -79,11 +79,11 @@ impl IngestOutcome {
     }
 }
 
-/// What one ingest builds up as it goes through a body's lists.
 /// GPU rows rewritten by pushes after which `gpus` is vacuumed on PostgreSQL (about five
 /// minutes of a 10,000-GPU fleet pushing every minute).
 pub(crate) const VACUUM_GPUS_AFTER: u64 = 50_000;
 
+/// What one ingest builds up as it goes through a body's lists.
 struct Batch {
     out: IngestOutcome,
     /// The body's GPUs as stored: (id, record) by UUID.
