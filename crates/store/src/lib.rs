@@ -1181,17 +1181,23 @@ mod tests {
         check_interrupted_migration(pool, Backend::Postgres).await;
     }
 
-    /// A pool on a fresh schema of `GPULEDGER_TEST_PG_URL`, or `None` (said) when it is unset;
-    /// unset with `GPULEDGER_REQUIRE_POSTGRES`, a failure.
-    async fn pg_pool(name: &str) -> Option<AnyPool> {
+    /// `GPULEDGER_TEST_PG_URL`, or `None` (said) when it is unset; unset with
+    /// `GPULEDGER_REQUIRE_POSTGRES`, a failure.
+    fn pg_url() -> Option<String> {
         let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
         if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
             panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
         }
-        let Some(pg) = pg else {
+        if pg.is_none() {
             eprintln!("skipped: PostgreSQL half (set GPULEDGER_TEST_PG_URL to run it)");
-            return None;
-        };
+        }
+        pg
+    }
+
+    /// A pool on a fresh schema of `GPULEDGER_TEST_PG_URL`, or `None` (said) when it is unset;
+    /// unset with `GPULEDGER_REQUIRE_POSTGRES`, a failure.
+    async fn pg_pool(name: &str) -> Option<AnyPool> {
+        let pg = pg_url()?;
         let schema = format!("t_{name}_{}", std::process::id());
         Store::drop_schema(&pg, &schema).await.unwrap();
         let setup = AnyPoolOptions::new()
@@ -1250,12 +1256,7 @@ mod tests {
     /// default is on).
     #[tokio::test]
     async fn postgres_sessions_run_without_jit() {
-        let pg = std::env::var("GPULEDGER_TEST_PG_URL").ok();
-        if pg.is_none() && std::env::var_os("GPULEDGER_REQUIRE_POSTGRES").is_some() {
-            panic!("GPULEDGER_REQUIRE_POSTGRES is set but GPULEDGER_TEST_PG_URL is not");
-        }
-        let Some(pg) = pg else {
-            eprintln!("skipped: PostgreSQL (set GPULEDGER_TEST_PG_URL to run it)");
+        let Some(pg) = pg_url() else {
             return;
         };
         let schema = format!("t_jit_{}", std::process::id());
