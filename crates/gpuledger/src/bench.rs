@@ -7,7 +7,8 @@
 //! one sample per GPU and hour.
 //!
 //! Besides the pages it measures freshness (how long a pushed sample takes to show in the
-//! summary), can write the samples it pushed as an OpenMetrics file for Prometheus's backfill
+//! summary), can stream current samples through `POST /api/v1/ingest` over HTTP as a live
+//! fleet pushes them and report the samples per second (`--stream`), can write the samples it pushed as an OpenMetrics file for Prometheus's backfill
 //! (`--openmetrics`), and can ask a Prometheus holding them the same team question in PromQL
 //! and compare answers and times (`--prometheus`; `scripts/bench-prometheus.sh` does all of it).
 
@@ -66,6 +67,18 @@ pub struct BenchArgs {
     /// `overview` or `90 days`: to measure one page while changing it.
     #[arg(long, value_name = "TEXT")]
     only: Vec<String>,
+    /// Last, push this many minutes of one sample per GPU and minute (the agent's default
+    /// interval), ending at the current minute, through `POST /api/v1/ingest` over HTTP, and
+    /// report the samples per second: ingest as a live fleet sends it. 0: skip.
+    #[arg(long, default_value_t = 0, value_name = "MINUTES")]
+    stream: i64,
+    /// Minutes of samples each push of `--stream` carries: 1, every source pushes its GPUs'
+    /// current samples every minute; more, sources send what they buffered in batches.
+    #[arg(long, default_value_t = 1, value_name = "MINUTES")]
+    stream_batch: i64,
+    /// Pushes in flight at once during `--stream`, as several sources push side by side.
+    #[arg(long, default_value_t = 2)]
+    pushers: usize,
 }
 
 /// GPUs in one copy of the demo fleet.
@@ -173,10 +186,130 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(prometheus) = &args.prometheus {
         side_by_side(addr, prometheus, &history, args.requests).await?;
     }
-    if args.no_pages {
-        return Ok(());
+    if !args.no_pages {
+        time_pages_at(addr, &fleet, args.requests, &args.only).await?;
     }
-    time_pages_at(addr, &fleet, args.requests, &args.only).await
+    if args.stream > 0 {
+        stream(&state, addr, &fleet.hosts, &args).await?;
+    }
+    Ok(())
+}
+
+/// Sustained ingest (`--stream`): every source but the stale one pushes one sample per GPU and
+/// minute for the last `--stream` minutes, `--stream-batch` minutes a push (a push carries at
+/// most [`demo::MAX_RECORDS`] samples), in time order, `--pushers` pushes at a time over HTTP.
+/// The bodies are serialized before the clock starts; each reply must accept every sample.
+/// The samples fall 15 s past each minute, so none repeats one the load pushed (on the half
+/// hour): a second run within the same minutes would find its samples stored, and fails.
+async fn stream(
+    state: &AppState,
+    addr: SocketAddr,
+    hosts: &[demo::Host],
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    let now = state.now().timestamp();
+    let first = now - now.rem_euclid(60) - args.stream * 60 + 15;
+    let batch = args.stream_batch.max(1);
+    let mut tokens = BTreeMap::new();
+    let mut bodies: Vec<(String, Vec<u8>, u64)> = Vec::new();
+    let mut minute = 0;
+    while minute < args.stream {
+        let minutes = batch.min(args.stream - minute);
+        for (source, _) in demo::SOURCES {
+            if *source == demo::STALE_SOURCE {
+                continue;
+            }
+            let mut samples = Vec::new();
+            for h in hosts.iter().filter(|h| h.source == *source) {
+                for gpu in 0..h.gpus {
+                    let uuid = h.uuid(gpu);
+                    for m in minute..minute + minutes {
+                        samples.push(demo::sample(h, gpu, &uuid, first + m * 60));
+                    }
+                }
+            }
+            if samples.is_empty() {
+                continue;
+            }
+            if !tokens.contains_key(source) {
+                let token = state
+                    .store
+                    .create_token(gpuledger_store::Role::Ingest, source, &[])
+                    .await?;
+                tokens.insert(*source, token);
+            }
+            for chunk in samples.chunks(demo::MAX_RECORDS) {
+                let body = gpuledger_model::PushBody {
+                    samples: chunk.to_vec(),
+                    ..Default::default()
+                };
+                bodies.push((
+                    tokens[source].clone(),
+                    serde_json::to_vec(&body)?,
+                    chunk.len() as u64,
+                ));
+            }
+        }
+        minute += minutes;
+    }
+    let total: u64 = bodies.iter().map(|b| b.2).sum();
+    let pushes = bodies.len();
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(
+        bodies
+            .into_iter()
+            .collect::<std::collections::VecDeque<_>>(),
+    ));
+    let started = Instant::now();
+    let mut pushers = tokio::task::JoinSet::new();
+    for _ in 0..args.pushers.max(1) {
+        let queue = queue.clone();
+        pushers.spawn(async move {
+            let mut times = Vec::new();
+            let mut accepted = 0;
+            loop {
+                let next = queue
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("queue"))?
+                    .pop_front();
+                let Some((token, body, _)) = next else {
+                    return anyhow::Ok((times, accepted));
+                };
+                let (ms, reply) =
+                    timed(addr, "POST", "/api/v1/ingest".into(), Some(token), body).await?;
+                let outcome: serde_json::Value = serde_json::from_slice(&reply.body)?;
+                anyhow::ensure!(
+                    outcome["rejected"].as_array().is_none_or(|r| r.is_empty())
+                        && outcome["duplicates"]["samples"].as_u64() == Some(0),
+                    "stream push not stored whole: {outcome}"
+                );
+                accepted += outcome["accepted"]["samples"].as_u64().unwrap_or(0);
+                times.push(ms);
+            }
+        });
+    }
+    let mut times = Vec::new();
+    let mut accepted = 0;
+    while let Some(done) = pushers.join_next().await {
+        let (t, a) = done??;
+        times.extend(t);
+        accepted += a;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        accepted == total,
+        "stream: {accepted} of {total} samples accepted"
+    );
+    times.sort_by(f64::total_cmp);
+    println!(
+        "stream: {total} samples ({} minutes, {batch} a push) in {pushes} pushes, {} at a \
+         time, over HTTP in {secs:.1} s: {:.0} samples/s (push p50 {:.0} ms, p95 {:.0} ms)",
+        args.stream,
+        args.pushers.max(1),
+        total as f64 / secs,
+        quantile(&times, 0.5),
+        quantile(&times, 0.95)
+    );
+    Ok(())
 }
 
 fn rfc3339(ts: i64) -> String {

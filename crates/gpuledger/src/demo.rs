@@ -760,7 +760,7 @@ pub fn allocations(h: &Host, gpu: u32, from: i64, to: i64) -> Vec<(i64, Option<i
     out
 }
 
-fn sample(h: &Host, gpu: u32, uuid: &str, ts: i64) -> PushSample {
+pub fn sample(h: &Host, gpu: u32, uuid: &str, ts: i64) -> PushSample {
     let act = activity(h, gpu, ts);
     let load = act.unwrap_or(40.0 + unit(h.index ^ ts as u64) * 20.0) / 100.0;
     let mem = (h.memory_mib as f64 * (0.04 + 0.85 * load)).round();
@@ -915,7 +915,7 @@ pub fn daily_bodies(hosts: &[&Host], from: i64, to: i64) -> Vec<PushBody> {
 }
 
 /// Records per body at most, so a large fleet's day stays under the push size limit.
-const MAX_RECORDS: usize = 20_000;
+pub const MAX_RECORDS: usize = 20_000;
 
 /// `body` as pushes of at most [`MAX_RECORDS`] records each, in order: its GPUs first (a
 /// sample's GPU is then known), then its samples and allocations. A small day stays one body,

@@ -204,8 +204,9 @@ fn demo_loads_through_ingest_and_summarizes() {
 }
 
 /// `gpuledger bench` (docs/benchmarks.md) at its smallest: one copy of the demo fleet over a
-/// day, every page timed once, then the pages again with `--no-load`. It measures; this
-/// only checks that it runs and reports every part.
+/// day, every page timed once, then the pages again with `--no-load` and a short live stream
+/// of pushes over HTTP (which fails unless every streamed sample is stored as new). It
+/// measures; this only checks that it runs and reports every part.
 #[test]
 fn bench_loads_a_scaled_fleet_and_times_every_page() {
     let dir = tempdir("bench");
@@ -252,9 +253,16 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
             "{page} missing: {text}"
         );
     }
-    let again = run(&["--no-load"]);
+    let again = run(&["--no-load", "--stream", "3", "--stream-batch", "2"]);
     assert!(
-        !again.contains("samples/s") && again.contains("overview"),
+        !again.contains("load:") && again.contains("overview"),
+        "{again}"
+    );
+    // Three minutes of 400-odd GPUs on the four live sources, two minutes a push: eight pushes.
+    assert!(
+        again
+            .lines()
+            .any(|l| l.starts_with("stream: ") && l.contains("(3 minutes, 2 a push) in 8 pushes")),
         "{again}"
     );
 }
