@@ -83,11 +83,22 @@ impl IngestOutcome {
 /// minutes of a 10,000-GPU fleet pushing every minute).
 pub(crate) const VACUUM_GPUS_AFTER: u64 = 50_000;
 
+/// How far back from the current hour a push's new samples are added onto their hour rows
+/// (`rollup::HourSum`) instead of their hours being rolled again from all their samples. Near
+/// now is where samples keep arriving, a minute at a time from every agent: rolling the current
+/// hour again read every sample it already held, each minute. History arrives in bulk, most of
+/// an hour's samples at once, and rolling its hours from the samples just stored costs less
+/// than carrying their sums: three days of hourly samples of 2,250 GPUs rolled in 0.4 s of
+/// SQL, and took 1.1 s when added.
+pub(crate) const ADD_WITHIN_SECS: i64 = DAY_SECS;
+
 /// What one ingest builds up as it goes through a body's lists.
 struct Batch {
     out: IngestOutcome,
     /// The body's GPUs as stored: (id, record) by UUID.
     known: HashMap<String, (i64, GpuRecord)>,
+    /// The GPUs the body only samples, as stored: (id, team) by UUID.
+    owners: HashMap<String, (i64, String)>,
     touched: BTreeMap<i64, Touched>,
     stale: i64,
     /// The end of the last hour an observation now can mark present.
@@ -166,9 +177,19 @@ impl Store {
 
         let mut uuids: BTreeSet<&str> = BTreeSet::new();
         uuids.extend(body.gpus.iter().map(|(_, g)| g.uuid.as_str()));
-        uuids.extend(body.samples.iter().map(|(_, s)| s.gpu_uuid.as_str()));
         uuids.extend(body.allocations.iter().map(|(_, a)| a.gpu_uuid.as_str()));
+        // GPUs only sampled need their id and owner alone: a body of current samples (what
+        // agents and collectors send every minute) reads no more of them.
+        let sampled: BTreeSet<&str> = body
+            .samples
+            .iter()
+            .map(|(_, s)| s.gpu_uuid.as_str())
+            .filter(|u| !uuids.contains(u))
+            .collect();
         let known = self.load_gpus(&mut tx, uuids.into_iter().collect()).await?;
+        let owners = self
+            .gpu_owners_of(&mut tx, sampled.into_iter().collect())
+            .await?;
         // A GPU that names its cloud instance lands on the host that instance was first
         // reported under; its own host name becomes an alias of that host.
         let instances: BTreeSet<(String, String)> = body
@@ -204,6 +225,7 @@ impl Store {
                 ..Default::default()
             },
             known,
+            owners,
             touched,
             stale,
             horizon,
@@ -426,19 +448,23 @@ impl Store {
         let cutoff = self.raw_cutoff(b.now_secs);
         let mut rows: Vec<(i64, &gpuledger_model::PushSample)> = Vec::new();
         for (i, s) in samples {
-            let Some((id, rec)) = b.known.get(&s.gpu_uuid) else {
+            let gpu = match b.known.get(&s.gpu_uuid) {
+                Some((id, rec)) => Some((id, &rec.team)),
+                None => b.owners.get(&s.gpu_uuid).map(|(id, team)| (id, team)),
+            };
+            let Some((id, team)) = gpu else {
                 b.out
                     .rejected
                     .push(unknown_gpu(format!("samples[{i}].gpu_uuid"), &s.gpu_uuid));
                 continue;
             };
-            if !who.may_write(&rec.team) {
+            if !who.may_write(team) {
                 b.out.rejected.push(Rejection::forbidden(
                     format!("samples[{i}]"),
                     format!(
                         "GPU {} is owned by team `{}`; this token may write only teams: {}",
                         s.gpu_uuid,
-                        rec.team,
+                        team,
                         who.teams_text()
                     ),
                 ));
@@ -481,6 +507,19 @@ impl Store {
             let inserted = q.execute(&mut **tx).await?.rows_affected();
             b.out.accepted.samples += chunk.len() as u64;
             b.out.duplicates.samples += chunk.len() as u64 - inserted;
+            // Samples of the last day ([`ADD_WITHIN_SECS`]), all new: added onto their hours.
+            // The others' hours are rolled again from all their samples; so are these where
+            // some were stored before, since which is not known here.
+            let recent = hour_floor(b.now_secs) - ADD_WITHIN_SECS;
+            for (id, s) in chunk {
+                let hour = hour_floor(s.ts.timestamp());
+                let t = b.touched.entry(*id).or_default();
+                if inserted == chunk.len() as u64 && hour >= recent {
+                    t.added.entry(hour).or_default().add(s);
+                } else {
+                    widen(&mut t.activity, hour, hour + HOUR_SECS);
+                }
+            }
         }
         // A sample is an observation too: it keeps its GPU present.
         let mut latest: BTreeMap<i64, i64> = BTreeMap::new();
@@ -507,7 +546,6 @@ impl Store {
             let t = b.touched.entry(*id).or_default();
             mark_presence(t, ts, b.stale);
             t.sampled.insert(hour_floor(ts));
-            widen(&mut t.activity, hour_floor(ts), hour_floor(ts) + HOUR_SECS);
         }
 
         Ok(())

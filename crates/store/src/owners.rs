@@ -85,6 +85,32 @@ impl Store {
         self.gpus_where(tx, "uuid", &uuids).await
     }
 
+    /// The id and owning team of each stored GPU among `uuids`, by UUID, 500 to a statement:
+    /// what a sample needs of its GPU.
+    pub(crate) async fn gpu_owners_of(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        uuids: Vec<&str>,
+    ) -> Result<HashMap<String, (i64, String)>> {
+        let mut out = HashMap::new();
+        for chunk in uuids.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|n| format!("${n}")).collect();
+            let sql = format!(
+                "SELECT uuid, id, team FROM gpus WHERE uuid IN ({})",
+                marks.join(",")
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query_as::<_, (String, i64, String)>(&sql).persistent(false);
+            for u in chunk {
+                q = q.bind(u.to_string());
+            }
+            for (uuid, id, team) in q.fetch_all(&mut **tx).await? {
+                out.insert(uuid, (id, team));
+            }
+        }
+        Ok(out)
+    }
+
     /// The stored GPUs whose `column` is one of `values`, by UUID, 500 to a statement.
     pub(crate) async fn gpus_where<T>(
         &self,

@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
-use sqlx::{Any, Transaction};
+use sqlx::{Any, Row, Transaction};
 
+use crate::float::F64;
 use crate::{Result, Store};
 
 /// Recompute day rollups from hour rollups for the GPUs `IDS` in `[$1, $2)`; `$3` is the idle
@@ -211,8 +212,71 @@ pub(crate) const FILL_FROM_ALLOCATIONS: [&str; 3] = [
     ),
 ];
 
+/// The per-day tables split from the allocations: used-by (`gpu_day_use`, [`REROLL_DAY_USE`])
+/// and allocated-but-idle hours (`gpu_day_idle`, [`REROLL_DAY_IDLE`]).
+#[derive(Clone, Copy)]
+enum DayTable {
+    Use,
+    Idle,
+}
+
 /// (GPU, hour) presence rows per INSERT statement.
 pub(crate) const PRESENCE_CHUNK: usize = 200;
+
+/// What a write's newly stored samples add to one hour row of their GPU: the figures the
+/// activity roll computes from the hour's samples (`samples`, `act_n`, `act_sum`, `mem_max`,
+/// `power_sum`, `power_n`), over these samples alone.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct HourSum {
+    pub(crate) samples: i64,
+    pub(crate) act_n: i64,
+    pub(crate) act_sum: f64,
+    pub(crate) mem_max: Option<f64>,
+    pub(crate) power_sum: f64,
+    pub(crate) power_n: i64,
+}
+
+impl HourSum {
+    /// Count one sample, as the activity roll's SQL does.
+    pub(crate) fn add(&mut self, s: &gpuledger_model::PushSample) {
+        self.samples += 1;
+        if let Some(act) = s.activity_pct() {
+            self.act_n += 1;
+            self.act_sum += act;
+        }
+        if let Some(m) = s.mem_used_mib {
+            self.mem_max = Some(self.mem_max.map_or(m, |x| x.max(m)));
+        }
+        if let Some(p) = s.power_w {
+            self.power_sum += p;
+            self.power_n += 1;
+        }
+    }
+}
+
+/// Columns of one [`HourSum`] row of [`ADD_HOURS`].
+const ADD_HOURS_COLS: usize = 8;
+
+/// [`HourSum`]s added onto their hour rows (`VALUES` replaces `ROWS`): a new row takes them as
+/// they are; a stored one adds them to its figures, except those an earlier roll filled from
+/// the allocations (`evidence`), which held no measured figure, so the new samples' replace
+/// them. `evidence` goes back to 0, as after the activity roll. Returns each row's GPU, hour,
+/// samples and allocated flag as written, and 1 where it still lacks a measured activity or
+/// memory, which the schedulers' fills may give it.
+const ADD_HOURS: &str = "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, \
+     power_sum, power_n) VALUES ROWS ON CONFLICT (gpu_id, hour) DO UPDATE SET \
+     samples = gpu_hours.samples + excluded.samples, \
+     act_n = excluded.act_n + CASE WHEN (gpu_hours.evidence & 1) <> 0 THEN 0 \
+       ELSE gpu_hours.act_n END, \
+     act_sum = excluded.act_sum + CASE WHEN (gpu_hours.evidence & 1) <> 0 THEN 0 \
+       ELSE gpu_hours.act_sum END, \
+     mem_max = CASE WHEN (gpu_hours.evidence & 2) <> 0 OR gpu_hours.mem_max IS NULL \
+       OR excluded.mem_max > gpu_hours.mem_max THEN excluded.mem_max \
+       ELSE gpu_hours.mem_max END, \
+     power_sum = gpu_hours.power_sum + excluded.power_sum, \
+     power_n = gpu_hours.power_n + excluded.power_n, evidence = 0 \
+     RETURNING gpu_id, hour, samples, allocated, \
+     CASE WHEN act_n = 0 OR mem_max IS NULL THEN 1 ELSE 0 END";
 
 /// Hours touched for one GPU during an ingest, to re-roll afterwards.
 #[derive(Default)]
@@ -221,7 +285,14 @@ pub(crate) struct Touched {
     /// The hours of the samples this write stored (or found stored): the roll of
     /// [`Touched::activity`] writes their rows, so presence need not insert them first.
     pub(crate) sampled: BTreeSet<i64>,
+    /// Hours to roll again from all their samples: where this write's samples could not be
+    /// added on ([`Touched::added`]), as when some of them were stored before.
     pub(crate) activity: Option<(i64, i64)>,
+    /// What this write's new samples of the last day add to each hour's row ([`HourSum`]), by
+    /// hour (`ingest::ADD_WITHIN_SECS`): adding them on costs the same however many samples
+    /// the hour already holds, where rolling the hour again reads them all (at one sample a
+    /// minute, each push of the current hour read the half hour before it, on average, again).
+    pub(crate) added: BTreeMap<i64, HourSum>,
     pub(crate) flags: Option<(i64, i64)>,
     /// Allocations moved onto this GPU: its holders may have changed.
     pub(crate) holders: bool,
@@ -271,27 +342,88 @@ impl Store {
         tx: &mut Transaction<'_, Any>,
         touched: &BTreeMap<i64, Touched>,
     ) -> Result<()> {
+        // What the write changed, per GPU, beyond the figures of hours it already had: a new
+        // hour row (presence), allocations (`flags`, `holders`), hours rolled again from all
+        // their samples (`activity`). Such GPUs have every step below. The others only added
+        // samples onto stored hours: their present hours, allocated flags and holders are as
+        // they were, so used-by and the flags stay; allocated-but-idle hours change only where
+        // an hour they added to is allocated, and the schedulers' fills only where an hour
+        // they added to still lacks a measured figure.
+        let mut grew: BTreeSet<i64> = touched
+            .iter()
+            .filter(|(_, t)| t.flags.is_some() || t.holders || t.activity.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        let mut allocated: BTreeSet<i64> = BTreeSet::new();
+        let mut unfilled: BTreeSet<i64> = BTreeSet::new();
+        // New samples onto their hour rows, before any hour is rolled again from all its
+        // samples (which counts them too). A row whose samples are now just these is new
+        // (or held none before): its GPU grew.
+        let added: Vec<(i64, i64, &HourSum)> = touched
+            .iter()
+            .flat_map(|(id, t)| t.added.iter().map(move |(h, sum)| (*id, *h, sum)))
+            .collect();
+        for chunk in added.chunks(PRESENCE_CHUNK) {
+            let rows = format!("VALUES {}", values(chunk.len(), ADD_HOURS_COLS));
+            let sql = ADD_HOURS.replace("VALUES ROWS", &rows);
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            for (id, h, sum) in chunk {
+                q = q
+                    .bind(*id)
+                    .bind(*h)
+                    .bind(sum.samples)
+                    .bind(sum.act_n)
+                    .bind(sum.act_sum)
+                    .bind(F64(sum.mem_max))
+                    .bind(sum.power_sum)
+                    .bind(sum.power_n);
+            }
+            let sums: BTreeMap<(i64, i64), i64> = chunk
+                .iter()
+                .map(|(id, h, s)| ((*id, *h), s.samples))
+                .collect();
+            for row in q.fetch_all(&mut **tx).await? {
+                let (id, hour): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+                let (samples, alloc, unmeasured): (i64, i64, i64) =
+                    (row.try_get(2)?, row.try_get(3)?, row.try_get(4)?);
+                if sums.get(&(id, hour)) == Some(&samples) {
+                    grew.insert(id);
+                }
+                if alloc != 0 {
+                    allocated.insert(id);
+                }
+                if unmeasured != 0 {
+                    unfilled.insert(id);
+                }
+            }
+        }
         // Presence: one row per (GPU, hour), new rows only. The hours holding a sample get
-        // theirs from the activity roll below.
+        // theirs above or from the activity roll below.
         let pairs: Vec<(i64, i64)> = touched
             .iter()
             .flat_map(|(id, t)| t.presence.difference(&t.sampled).map(move |h| (*id, *h)))
             .collect();
         for chunk in pairs.chunks(PRESENCE_CHUNK) {
             let sql = format!(
-                "INSERT INTO gpu_hours (gpu_id, hour) VALUES {} ON CONFLICT (gpu_id, hour) DO NOTHING",
+                "INSERT INTO gpu_hours (gpu_id, hour) VALUES {} ON CONFLICT (gpu_id, hour) \
+                 DO NOTHING RETURNING gpu_id",
                 values(chunk.len(), 2)
             );
             let sql = self.sql(&sql);
-            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            let mut q = sqlx::query_scalar(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
             for (id, h) in chunk {
                 q = q.bind(*id).bind(*h);
             }
-            q.execute(&mut **tx).await?;
+            let new: Vec<i64> = q.fetch_all(&mut **tx).await?;
+            grew.extend(new);
         }
         let mut activity: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
         let mut flags: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut fills: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
         let mut days: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut day_use: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut day_idle: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
         for (id, t) in touched {
             if let Some(r) = t.activity {
                 activity.entry(r).or_default().push(*id);
@@ -304,12 +436,20 @@ impl Store {
             if let Some((lo, hi)) = t.activity {
                 widen(&mut range, lo, hi);
             }
-            if let Some((lo, hi)) = range {
+            let Some((lo, hi)) = range else { continue };
+            let day_range = (day_floor(lo), day_floor(hi - 1) + DAY_SECS);
+            let full = grew.contains(id);
+            if full {
                 flags.entry((lo, hi)).or_default().push(*id);
-                days.entry((day_floor(lo), day_floor(hi - 1) + DAY_SECS))
-                    .or_default()
-                    .push(*id);
+                day_use.entry(day_range).or_default().push(*id);
             }
+            if full || unfilled.contains(id) {
+                fills.entry((lo, hi)).or_default().push(*id);
+            }
+            if full || allocated.contains(id) {
+                day_idle.entry(day_range).or_default().push(*id);
+            }
+            days.entry(day_range).or_default().push(*id);
         }
         for ((lo, hi), ids) in &activity {
             self.for_ids(tx, ids, *lo, *hi, None,
@@ -327,13 +467,24 @@ impl Store {
             .await?;
         }
         for ((lo, hi), ids) in &flags {
-            for sql in std::iter::once(FLAG_ALLOCATED).chain(FILL_FROM_ALLOCATIONS) {
+            self.for_ids(tx, ids, *lo, *hi, None, FLAG_ALLOCATED)
+                .await?;
+        }
+        for ((lo, hi), ids) in &fills {
+            for sql in FILL_FROM_ALLOCATIONS {
                 self.for_ids(tx, ids, *lo, *hi, None, sql).await?;
             }
         }
         for ((lo, hi), ids) in &days {
             self.reroll_days(tx, ids, *lo, *hi).await?;
-            self.reroll_day_use(tx, ids, *lo, *hi).await?;
+        }
+        for ((lo, hi), ids) in &day_use {
+            self.reroll_day_table(tx, ids, *lo, *hi, DayTable::Use)
+                .await?;
+        }
+        for ((lo, hi), ids) in &day_idle {
+            self.reroll_day_table(tx, ids, *lo, *hi, DayTable::Idle)
+                .await?;
         }
         Ok(())
     }
@@ -364,27 +515,39 @@ impl Store {
         lo: i64,
         hi: i64,
     ) -> Result<()> {
-        for table in ["gpu_day_use", "gpu_day_idle"] {
-            self.for_ids(
-                tx,
-                ids,
-                lo,
-                hi,
-                None,
-                &format!("DELETE FROM {table} WHERE gpu_id IN (IDS) AND day >= $1 AND day < $2"),
-            )
+        self.reroll_day_table(tx, ids, lo, hi, DayTable::Use)
             .await?;
-        }
-        self.for_ids(tx, ids, lo, hi, None, REROLL_DAY_USE).await?;
+        self.reroll_day_table(tx, ids, lo, hi, DayTable::Idle).await
+    }
+
+    /// One of the tables split from the allocations per day ([`DayTable`]) for GPUs `ids` and
+    /// the days in `[lo, hi)`: their rows deleted and rolled again.
+    async fn reroll_day_table(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        ids: &[i64],
+        lo: i64,
+        hi: i64,
+        table: DayTable,
+    ) -> Result<()> {
+        let (name, sql, threshold) = match table {
+            DayTable::Use => ("gpu_day_use", REROLL_DAY_USE, None),
+            DayTable::Idle => (
+                "gpu_day_idle",
+                REROLL_DAY_IDLE,
+                Some(self.settings.idle_threshold_pct),
+            ),
+        };
         self.for_ids(
             tx,
             ids,
             lo,
             hi,
-            Some(self.settings.idle_threshold_pct),
-            REROLL_DAY_IDLE,
+            None,
+            &format!("DELETE FROM {name} WHERE gpu_id IN (IDS) AND day >= $1 AND day < $2"),
         )
-        .await
+        .await?;
+        self.for_ids(tx, ids, lo, hi, threshold, sql).await
     }
 
     /// Whether the one-off step `key` of `meta` is done.

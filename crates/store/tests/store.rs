@@ -2737,6 +2737,58 @@ async fn edge_days_from_day_rows_match_their_hours(store: Store) {
     assert_eq!(slow.len(), 1, "{slow:?}");
 }
 
+/// Late samples onto hours a push already stored, which make allocated hours idle: the push
+/// adds no hour and no allocation, so only its hours' figures change, and the allocated-but-idle
+/// hours per workload must follow them as the slow split from the allocations does.
+async fn late_samples_on_stored_hours_move_allocated_idle_hours(store: Store) {
+    let p = who("late-idle", None);
+    let gpu = "GPU-late-idle-0000-0000-000000000000";
+    // The pushes come the same morning: their samples are added onto their hours.
+    let at = t("2026-12-01T06:00:00Z");
+    let samples = |minute: u32, util: u32, hours: std::ops::RangeInclusive<u32>| {
+        let s: Vec<String> = hours
+            .map(|h| {
+                format!(
+                    r#"{{"gpu_uuid":"{gpu}","ts":"2026-12-01T{h:02}:{minute:02}:00Z","util_pct":{util}}}"#
+                )
+            })
+            .collect();
+        format!(r#"{{"samples":[{}]}}"#, s.join(","))
+    };
+    for body in [
+        format!(
+            r#"{{"gpus":[{{"uuid":"{gpu}","model":"Tesla T4","labels":{{"team":"nlp"}},"observed_at":"2026-12-01T00:00:00Z"}}]}}"#
+        ),
+        // Busy enough (6 %) every hour of the morning.
+        samples(30, 6, 0..=5),
+        format!(
+            r#"{{"allocations":[{{"gpu_uuid":"{gpu}","start":"2026-12-01T02:00:00Z","end":"2026-12-01T05:00:00Z","workload":"job-7","kind":"pod","team":"nlp"}}]}}"#
+        ),
+    ] {
+        let out = push_at(&store, &p, &body, at).await;
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    }
+    // A whole day: read from the per-day rows (an edge day may be split from the allocations).
+    let w = hours_window("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z");
+    let before = assert_idle_workloads_match(&store, w, &Filters::default(), now(), "before").await;
+    assert!(before.is_empty(), "{before:?}");
+    // An idle sample late in hours 1 to 4: each averages 3 %, idle; hours 2 to 4 allocated.
+    let out = push_at(&store, &p, &samples(45, 0, 1..=4), at).await;
+    assert!(
+        out.rejected.is_empty() && out.duplicates.samples == 0,
+        "{out:?}"
+    );
+    let after = assert_idle_workloads_match(&store, w, &Filters::default(), now(), "after").await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(
+        (after[0].workload.as_str(), after[0].allocated_idle_hours),
+        ("job-7", 3.0),
+        "{after:?}"
+    );
+}
+
+both!(late_samples_on_stored_hours_move_allocated_idle_hours);
+
 both!(
     edge_days_from_day_rows_match_their_hours,
     used_by_rollup_equals_recomputation_on_random_fleets,
@@ -3790,7 +3842,10 @@ async fn sqlite_a_full_disk_refuses_writes_keeps_reads_and_recovers() {
 /// and for random windows the summary's busy and idle hours and average activity equal what
 /// the raw samples give: per GPU and hour the mean of its samples, idle below the threshold,
 /// the average over measured hours. The windows start and end at any hour, so both the day
-/// rollups (whole days) and the hour rows (partial days) are checked.
+/// rollups (whole days) and the hour rows (partial days) are checked. A sample's activity is
+/// `util_pct` or, one in three, `sm_active`; one batch in four also sends samples again that an
+/// earlier batch stored (duplicates), so both ways of rolling an hour run: adding a push's new
+/// samples onto their hour, and rolling the hour again from all its samples.
 async fn rollup_hours_and_days_equal_the_raw_samples_for_any_window(store: Store) {
     let base = t("2026-11-29T00:00:00Z").timestamp();
     let at = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
@@ -3838,14 +3893,27 @@ async fn rollup_hours_and_days_equal_the_raw_samples_for_any_window(store: Store
             order.swap(i, r.below(i as u64 + 1) as usize);
         }
         let mut rest = &order[..];
+        let mut sent = 0;
+        let mut resent = 0;
         while !rest.is_empty() {
             let n = (1 + r.below(40) as usize).min(rest.len());
-            let samples: Vec<String> = rest[..n]
+            let mut batch: Vec<usize> = rest[..n].to_vec();
+            if sent > 0 && r.below(4) == 0 {
+                let again = 1 + r.below(5) as usize;
+                batch.extend((0..again).map(|_| order[r.below(sent as u64) as usize]));
+                resent += again;
+            }
+            let samples: Vec<String> = batch
                 .iter()
                 .map(|&k| {
                     let (g, ts, util) = raw[k];
+                    let activity = if k % 3 == 0 {
+                        format!(r#""sm_active":{}"#, util as f64 / 100.0)
+                    } else {
+                        format!(r#""util_pct":{util}"#)
+                    };
                     format!(
-                        r#"{{"gpu_uuid":"{}","ts":"{}","util_pct":{util}}}"#,
+                        r#"{{"gpu_uuid":"{}","ts":"{}",{activity}}}"#,
                         gpus[g],
                         at(ts).to_rfc3339()
                     )
@@ -3858,8 +3926,11 @@ async fn rollup_hours_and_days_equal_the_raw_samples_for_any_window(store: Store
             )
             .await;
             assert!(out.rejected.is_empty(), "{out:?}");
+            assert_eq!(out.duplicates.samples as usize, batch.len() - n, "{out:?}");
+            sent += n;
             rest = &rest[n..];
         }
+        assert!(resent > 0, "seed {seed}: no sample sent twice");
         for _ in 0..6 {
             let a = r.below(hours as u64) as i64;
             let b = a + 1 + r.below((hours - a) as u64) as i64;
@@ -4564,6 +4635,29 @@ async fn a_schedulers_average_fills_only_the_hours_no_sample_measured(store: Sto
         )
     );
     assert_eq!(h[4], ("08".into(), None, None, None, None));
+    assert_eq!(team(&store).await, (5, 1, 2, 2));
+    // A late sample that measures neither activity nor memory, on hour 05, which the job's
+    // averages fill: the hour still has no measured figure, so the fill stays.
+    push_at(
+        &store,
+        &agent,
+        &format!(
+            r#"{{"samples":[{{"gpu_uuid":"{A}","ts":"2026-12-02T05:40:00Z","power_w":95}}]}}"#
+        ),
+        t("2026-12-02T07:56:00Z"),
+    )
+    .await;
+    let h = hours(&store).await;
+    assert_eq!(
+        h[1],
+        (
+            "05".into(),
+            Some(3.0),
+            avg.clone(),
+            Some(2048.0),
+            avg.clone()
+        )
+    );
     assert_eq!(team(&store).await, (5, 1, 2, 2));
 
     // The job reported again with another average: the filled hours follow it.
