@@ -485,6 +485,7 @@ impl Store {
             rows.push((*id, s));
         }
         let source_id = self.source_id(tx, who).await?;
+        let recent = hour_floor(b.now_secs) - ADD_WITHIN_SECS;
         for chunk in rows.chunks(SAMPLE_CHUNK) {
             let sql = format!(
             "INSERT INTO samples (gpu_id, ts, util_pct, mem_used_mib, power_w, sm_active, source_id) \
@@ -510,7 +511,6 @@ impl Store {
             // Samples of the last day ([`ADD_WITHIN_SECS`]), all new: added onto their hours.
             // The others' hours are rolled again from all their samples; so are these where
             // some were stored before, since which is not known here.
-            let recent = hour_floor(b.now_secs) - ADD_WITHIN_SECS;
             for (id, s) in chunk {
                 let hour = hour_floor(s.ts.timestamp());
                 let t = b.touched.entry(*id).or_default();
