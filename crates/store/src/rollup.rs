@@ -285,8 +285,9 @@ pub(crate) struct Touched {
     /// The hours of the samples this write stored (or found stored): the roll of
     /// [`Touched::activity`] writes their rows, so presence need not insert them first.
     pub(crate) sampled: BTreeSet<i64>,
-    /// Hours to roll again from all their samples: where this write's samples could not be
-    /// added on ([`Touched::added`]), as when some of them were stored before.
+    /// Hours to roll again from all their samples: where this write's samples are not added
+    /// on ([`Touched::added`]), being older than the last day or in a batch some of whose
+    /// samples were stored before.
     pub(crate) activity: Option<(i64, i64)>,
     /// What this write's new samples of the last day add to each hour's row ([`HourSum`]), by
     /// hour (`ingest::ADD_WITHIN_SECS`): adding them on costs the same however many samples
