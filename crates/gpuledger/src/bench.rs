@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// current samples every minute; more, sources send what they buffered in batches.
     #[arg(long, default_value_t = 1, value_name = "MINUTES")]
     stream_batch: i64,
+    /// Seconds between one GPU's samples during `--stream` (1 to 60): 60, one a minute, the
+    /// agent's default; less, as a collector sampling every few seconds sends each minute's
+    /// samples in one push.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    stream_every: i64,
     /// Pushes in flight at once during `--stream`, as several sources push side by side.
     #[arg(long, default_value_t = 2)]
     pushers: usize,
@@ -88,7 +93,14 @@ const DEMO_GPUS: u32 = 450;
 const METRIC: &str = "gpu_activity_percent";
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let (store, state, url) = demo::open(args.database_url.clone(), args.days, "bench").await?;
+    let (store, mut state, url) = demo::open(args.database_url.clone(), args.days, "bench").await?;
+    // `--stream` pushes minutes of a source's samples in a second or less, faster than a
+    // source sends them in life: the per-source limit (`[ingest] records_per_sec`, 10,000 by
+    // default) would refuse that, as it should in production, so the bench's server has none.
+    state.config = std::sync::Arc::new(gpuledger_web::WebConfig {
+        rate: None,
+        ..(*state.config).clone()
+    });
     let copies = args.gpus.div_ceil(DEMO_GPUS).max(1);
     let hosts = demo::fleet_of(args.seed, copies);
     let gpus: u32 = hosts.iter().map(|h| h.gpus).sum();
@@ -196,11 +208,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Sustained ingest (`--stream`): every source but the stale one pushes one sample per GPU and
-/// minute for the last `--stream` minutes, `--stream-batch` minutes a push (a push carries at
-/// most [`demo::MAX_RECORDS`] samples), in time order, `--pushers` pushes at a time over HTTP.
-/// The bodies are serialized before the clock starts; each reply must accept every sample.
-/// The samples fall 15 s past each minute, so none repeats one the load pushed (on the half
-/// hour): a second run within the same minutes would find its samples stored, and fails.
+/// minute (`--stream-every` seconds) for the last `--stream` minutes, `--stream-batch`
+/// minutes a push (a push carries at most [`demo::MAX_RECORDS`] samples), in time order,
+/// `--pushers` pushes at a time over HTTP. The bodies are serialized before the clock starts;
+/// each reply must accept every sample. A minute's samples fall from 15 s past it to 15 s past
+/// the next, never on a minute's first second, so none repeats one the load pushed (on the
+/// half hour) or a freshness check's (on a minute): a second run within the same minutes would
+/// find its samples stored, and fails.
 async fn stream(
     state: &AppState,
     addr: SocketAddr,
@@ -210,6 +224,7 @@ async fn stream(
     let now = state.now().timestamp();
     let first = now - now.rem_euclid(60) - args.stream * 60 + 15;
     let batch = args.stream_batch.max(1);
+    let every = args.stream_every.clamp(1, 60);
     let mut tokens = BTreeMap::new();
     let mut bodies: Vec<(String, Vec<u8>, u64)> = Vec::new();
     let mut minute = 0;
@@ -224,7 +239,12 @@ async fn stream(
                 for gpu in 0..h.gpus {
                     let uuid = h.uuid(gpu);
                     for m in minute..minute + minutes {
-                        samples.push(demo::sample(h, gpu, &uuid, first + m * 60));
+                        let at = first + m * 60;
+                        for ts in (at..at + 60).step_by(every as usize) {
+                            if ts.rem_euclid(60) != 0 {
+                                samples.push(demo::sample(h, gpu, &uuid, ts));
+                            }
+                        }
                     }
                 }
             }
@@ -301,8 +321,9 @@ async fn stream(
     );
     times.sort_by(f64::total_cmp);
     println!(
-        "stream: {total} samples ({} minutes, {batch} a push) in {pushes} pushes, {} at a \
-         time, over HTTP in {secs:.1} s: {:.0} samples/s (push p50 {:.0} ms, p95 {:.0} ms)",
+        "stream: {total} samples ({} minutes, {batch} a push, one a GPU every {every} s) in \
+         {pushes} pushes, {} at a time, over HTTP in {secs:.1} s: {:.0} samples/s (push p50 \
+         {:.0} ms, p95 {:.0} ms)",
         args.stream,
         args.pushers.max(1),
         total as f64 / secs,
@@ -532,10 +553,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     quantile(&v, 0.5)
 }
 
-/// Freshness: push one sample at the current time through `POST /api/v1/ingest` for a GPU
+/// Freshness: push one sample of the current minute through `POST /api/v1/ingest` for a GPU
 /// whose current hour has no known activity (a GPU that reports no utilization), then ask the
 /// summary until that hour counts as busy. The summary's window is fixed for the measurement
-/// (the history's length, ending at the next hour), so nothing else moves its figures.
+/// (the history's length, ending at the next hour), so nothing else moves its figures. The
+/// sample falls on the current minute's first second, where `--stream` pushes none.
 async fn freshness(
     state: &AppState,
     addr: SocketAddr,
@@ -585,7 +607,7 @@ async fn freshness(
     );
     let (_, before) = get_summary(addr, path.clone()).await?;
     let body = serde_json::to_vec(&serde_json::json!({
-        "samples": [{"gpu_uuid": gpu, "ts": now, "util_pct": 50.0}]
+        "samples": [{"gpu_uuid": gpu, "ts": rfc3339(now.timestamp() - now.timestamp().rem_euclid(60)), "util_pct": 50.0}]
     }))?;
     let started = Instant::now();
     let (push_ms, _) = timed(addr, "POST", "/api/v1/ingest".into(), Some(token), body).await?;

@@ -253,16 +253,24 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
             "{page} missing: {text}"
         );
     }
-    let again = run(&["--no-load", "--stream", "3", "--stream-batch", "2"]);
+    let again = run(&[
+        "--no-load",
+        "--stream",
+        "3",
+        "--stream-batch",
+        "2",
+        "--stream-every",
+        "20",
+    ]);
     assert!(
         !again.contains("load:") && again.contains("overview"),
         "{again}"
     );
-    // Three minutes of 400-odd GPUs on the four live sources, two minutes a push: eight pushes.
+    // Three minutes of 400-odd GPUs on the four live sources, two minutes a push: eight pushes,
+    // three samples a GPU and minute.
     assert!(
-        again
-            .lines()
-            .any(|l| l.starts_with("stream: ") && l.contains("(3 minutes, 2 a push) in 8 pushes")),
+        again.lines().any(|l| l.starts_with("stream: ")
+            && l.contains("(3 minutes, 2 a push, one a GPU every 20 s) in 8 pushes")),
         "{again}"
     );
 }
