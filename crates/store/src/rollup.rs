@@ -1,7 +1,7 @@
 //! Rollups: which hours a write touched, and re-rolling them — hour rows from raw samples, the
 //! allocated flag of each hour from the allocations, day rows from hour rows.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
 use sqlx::{Any, Row, Transaction};
@@ -261,8 +261,8 @@ const ADD_HOURS_COLS: usize = 8;
 /// they are; a stored one adds them to its figures, except those an earlier roll filled from
 /// the allocations (`evidence`), which held no measured figure, so the new samples' replace
 /// them. `evidence` goes back to 0, as after the activity roll. Returns each row's GPU, hour,
-/// samples and allocated flag as written, and 1 where it still lacks a measured activity or
-/// memory, which the schedulers' fills may give it.
+/// samples and allocated flag as written, 1 where it still lacks a measured activity or
+/// memory, which the schedulers' fills may give it, and its figures ([`HourFigures`]).
 const ADD_HOURS: &str = "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, \
      power_sum, power_n) VALUES ROWS ON CONFLICT (gpu_id, hour) DO UPDATE SET \
      samples = gpu_hours.samples + excluded.samples, \
@@ -276,7 +276,7 @@ const ADD_HOURS: &str = "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, ac
      power_sum = gpu_hours.power_sum + excluded.power_sum, \
      power_n = gpu_hours.power_n + excluded.power_n, evidence = 0 \
      RETURNING gpu_id, hour, samples, allocated, \
-     CASE WHEN act_n = 0 OR mem_max IS NULL THEN 1 ELSE 0 END";
+     CASE WHEN act_n = 0 OR mem_max IS NULL THEN 1 ELSE 0 END, act_n, act_sum, mem_max";
 
 /// Hours touched for one GPU during an ingest, to re-roll afterwards.
 #[derive(Default)]
@@ -334,6 +334,95 @@ pub(crate) fn mark_presence(t: &mut Touched, ts: i64, stale: i64) {
     }
 }
 
+/// An hour row's figures the day rows count ([`REROLL_DAYS`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct HourFigures {
+    pub(crate) act_n: i64,
+    pub(crate) act_sum: f64,
+    pub(crate) mem_max: Option<f64>,
+}
+
+impl HourFigures {
+    /// Whether the hour's activity is known, as [`REROLL_DAYS`] counts `known_hours`.
+    fn known(&self) -> bool {
+        self.act_n > 0
+    }
+
+    /// The hour's average activity as [`REROLL_DAYS`] sums it (0 where unknown).
+    fn average(&self) -> f64 {
+        if self.act_n > 0 {
+            self.act_sum / self.act_n as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Whether the hour is idle, as [`REROLL_DAYS`] counts `idle_hours`.
+    fn idle(&self, threshold: f64) -> bool {
+        self.act_n > 0 && self.act_sum < threshold * self.act_n as f64
+    }
+}
+
+/// What samples added onto a GPU's stored hours of one day change in its day row: the figures
+/// [`REROLL_DAYS`] counts (known hours, the sum of the hours' averages, idle and allocated idle
+/// hours), each as the difference the hours' change makes, and the largest memory of the hours
+/// added to. The day's running totals, and those of every later day of the GPU, move by as
+/// much ([`ADD_DAYS`]). Present and allocated hours do not change: the hours were stored, and
+/// adding samples moves no allocation.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct DayDelta {
+    pub(crate) day: i64,
+    pub(crate) known: i64,
+    pub(crate) act: f64,
+    pub(crate) idle: i64,
+    pub(crate) alloc_idle: i64,
+    pub(crate) mem_max: Option<f64>,
+}
+
+impl DayDelta {
+    /// Count one hour's change from `was` to `now`. Returns whether the hour is allocated and
+    /// turned idle or busy, which moves its allocated-idle hours per workload.
+    pub(crate) fn add(
+        &mut self,
+        was: &HourFigures,
+        now: &HourFigures,
+        allocated: bool,
+        threshold: f64,
+    ) -> bool {
+        self.known += i64::from(now.known()) - i64::from(was.known());
+        self.act += now.average() - was.average();
+        let moved = i64::from(now.idle(threshold)) - i64::from(was.idle(threshold));
+        self.idle += moved;
+        if allocated {
+            self.alloc_idle += moved;
+        }
+        if let Some(m) = now.mem_max {
+            self.mem_max = Some(self.mem_max.map_or(m, |x| x.max(m)));
+        }
+        allocated && moved != 0
+    }
+}
+
+/// Columns of one [`DayDelta`] row of [`ADD_DAYS`].
+const ADD_DAYS_COLS: usize = 7;
+
+/// [`DayDelta`]s added onto their day rows and onto the running totals of those and every
+/// later day row of the GPU (`VALUES` replaces `ROWS`): what [`REROLL_DAYS`] and
+/// [`RUNNING_DAYS`] would write, without reading the day's hours again. Returns the rows
+/// written, so a GPU whose day row is missing is rolled instead.
+const ADD_DAYS: &str = "WITH v (gid, vday, dk, dact, didle, dai, mem) AS (VALUES ROWS) \
+     UPDATE gpu_days SET \
+     known_hours = known_hours + CASE WHEN day = v.vday THEN v.dk ELSE 0 END, \
+     act_sum = act_sum + CASE WHEN day = v.vday THEN v.dact ELSE 0 END, \
+     idle_hours = idle_hours + CASE WHEN day = v.vday THEN v.didle ELSE 0 END, \
+     allocated_idle_hours = allocated_idle_hours + CASE WHEN day = v.vday THEN v.dai ELSE 0 END, \
+     mem_max = CASE WHEN day = v.vday AND v.mem > COALESCE(mem_max, v.mem - 1) THEN v.mem \
+       ELSE mem_max END, \
+     run_known = run_known + v.dk, run_act = run_act + v.dact, run_idle = run_idle + v.didle, \
+     run_alloc_idle = run_alloc_idle + v.dai \
+     FROM v WHERE gpu_days.gpu_id = v.gid AND gpu_days.day >= v.vday \
+     RETURNING gpu_days.gpu_id, gpu_days.day";
+
 impl Store {
     /// Re-roll the touched hours and days of every touched GPU. GPUs with the same touched
     /// range share one statement (`gpu_id IN (...)`), so a body of a thousand GPUs' current
@@ -348,15 +437,23 @@ impl Store {
         // their samples (`activity`). Such GPUs have every step below. The others only added
         // samples onto stored hours: their present hours, allocated flags and holders are as
         // they were, so used-by and the flags stay; allocated-but-idle hours change only where
-        // an hour they added to is allocated, and the schedulers' fills only where an hour
-        // they added to still lacks a measured figure.
+        // an allocated hour they added to turned idle or busy, the schedulers' fills only where
+        // an hour they added to still lacks a measured figure, and their day rows and running
+        // totals by what the added samples changed in those hours (`DayDelta`).
         let mut grew: BTreeSet<i64> = touched
             .iter()
             .filter(|(_, t)| t.flags.is_some() || t.holders || t.activity.is_some())
             .map(|(id, _)| *id)
             .collect();
-        let mut allocated: BTreeSet<i64> = BTreeSet::new();
         let mut unfilled: BTreeSet<i64> = BTreeSet::new();
+        // What the added samples change in each GPU's day row (`DayDelta`), where that can be
+        // added on: every hour they went onto was stored, held no schedulers' fill, and lies in
+        // one day. The GPUs in `whole` have their days rolled again instead.
+        let mut deltas: BTreeMap<i64, DayDelta> = BTreeMap::new();
+        let mut whole: BTreeSet<i64> = BTreeSet::new();
+        // GPUs an allocated hour of which turned idle or busy: their allocated-idle hours move.
+        let mut idle_moved: BTreeSet<i64> = BTreeSet::new();
+        let threshold = self.settings.idle_threshold_pct;
         // New samples onto their hour rows, before any hour is rolled again from all its
         // samples (which counts them too). A row whose samples are now just these is new
         // (or held none before): its GPU grew.
@@ -365,6 +462,7 @@ impl Store {
             .flat_map(|(id, t)| t.added.iter().map(move |(h, sum)| (*id, *h, sum)))
             .collect();
         for chunk in added.chunks(PRESENCE_CHUNK) {
+            let before = self.hours_before(tx, chunk).await?;
             let rows = format!("VALUES {}", values(chunk.len(), ADD_HOURS_COLS));
             let sql = ADD_HOURS.replace("VALUES ROWS", &rows);
             let sql = self.sql(&sql);
@@ -388,14 +486,40 @@ impl Store {
                 let (id, hour): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
                 let (samples, alloc, unmeasured): (i64, i64, i64) =
                     (row.try_get(2)?, row.try_get(3)?, row.try_get(4)?);
+                let now = HourFigures {
+                    act_n: row.try_get(5)?,
+                    act_sum: row.try_get(6)?,
+                    mem_max: row.try_get(7)?,
+                };
                 if sums.get(&(id, hour)) == Some(&samples) {
                     grew.insert(id);
                 }
-                if alloc != 0 {
-                    allocated.insert(id);
-                }
                 if unmeasured != 0 {
                     unfilled.insert(id);
+                }
+                match before.get(&(id, hour)) {
+                    Some((was, 0)) => {
+                        let d = deltas.entry(id).or_insert_with(|| DayDelta {
+                            day: day_floor(hour),
+                            ..Default::default()
+                        });
+                        if d.day != day_floor(hour) {
+                            whole.insert(id);
+                        }
+                        let moved = d.add(was, &now, alloc != 0, threshold);
+                        if moved {
+                            idle_moved.insert(id);
+                        }
+                    }
+                    // A new row (its GPU grew), or one a schedulers' fill held: its figures
+                    // before are not the samples', so its day is rolled again, and its
+                    // allocated-idle hours where allocated.
+                    _ => {
+                        whole.insert(id);
+                        if alloc != 0 {
+                            idle_moved.insert(id);
+                        }
+                    }
                 }
             }
         }
@@ -425,6 +549,7 @@ impl Store {
         let mut days: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
         let mut day_use: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
         let mut day_idle: BTreeMap<(i64, i64), Vec<i64>> = BTreeMap::new();
+        let mut day_deltas: Vec<(i64, &DayDelta)> = Vec::new();
         for (id, t) in touched {
             if let Some(r) = t.activity {
                 activity.entry(r).or_default().push(*id);
@@ -444,13 +569,17 @@ impl Store {
                 flags.entry((lo, hi)).or_default().push(*id);
                 day_use.entry(day_range).or_default().push(*id);
             }
-            if full || unfilled.contains(id) {
+            let fill = full || unfilled.contains(id);
+            if fill {
                 fills.entry((lo, hi)).or_default().push(*id);
             }
-            if full || allocated.contains(id) {
+            if full || idle_moved.contains(id) {
                 day_idle.entry(day_range).or_default().push(*id);
             }
-            days.entry(day_range).or_default().push(*id);
+            match deltas.get(id) {
+                Some(d) if !fill && !whole.contains(id) => day_deltas.push((*id, d)),
+                _ => days.entry(day_range).or_default().push(*id),
+            }
         }
         for ((lo, hi), ids) in &activity {
             self.for_ids(tx, ids, *lo, *hi, None,
@@ -479,6 +608,7 @@ impl Store {
         for ((lo, hi), ids) in &days {
             self.reroll_days(tx, ids, *lo, *hi).await?;
         }
+        self.add_day_deltas(tx, &day_deltas).await?;
         for ((lo, hi), ids) in &day_use {
             self.reroll_day_table(tx, ids, *lo, *hi, DayTable::Use)
                 .await?;
@@ -486,6 +616,107 @@ impl Store {
         for ((lo, hi), ids) in &day_idle {
             self.reroll_day_table(tx, ids, *lo, *hi, DayTable::Idle)
                 .await?;
+        }
+        Ok(())
+    }
+
+    /// The figures and `evidence` of the stored hour rows among `chunk`'s (GPU, hour) keys,
+    /// before samples are added onto them.
+    async fn hours_before(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        chunk: &[(i64, i64, &HourSum)],
+    ) -> Result<HashMap<(i64, i64), (HourFigures, i64)>> {
+        let keys: HashSet<(i64, i64)> = chunk.iter().map(|(id, h, _)| (*id, *h)).collect();
+        let ids: BTreeSet<i64> = keys.iter().map(|k| k.0).collect();
+        let hours: BTreeSet<i64> = keys.iter().map(|k| k.1).collect();
+        // Both lists, hours first: SQLite reads each row by its key (hour, GPU), where a range
+        // of hours led it to the index by GPU and from there to the row.
+        let marks = |from: usize, n: usize| {
+            (from..from + n)
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let text = format!(
+            "SELECT gpu_id, hour, act_n, act_sum, mem_max, evidence FROM gpu_hours \
+             WHERE hour IN ({}) AND gpu_id IN ({})",
+            marks(1, hours.len()),
+            marks(1 + hours.len(), ids.len())
+        );
+        let sql = self.sql(&text);
+        let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK && hours.len() == 1);
+        for h in &hours {
+            q = q.bind(*h);
+        }
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        let mut out = HashMap::new();
+        for row in q.fetch_all(&mut **tx).await? {
+            let key: (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+            if keys.contains(&key) {
+                let was = HourFigures {
+                    act_n: row.try_get(2)?,
+                    act_sum: row.try_get(3)?,
+                    mem_max: row.try_get(4)?,
+                };
+                out.insert(key, (was, row.try_get(5)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Add [`DayDelta`]s onto their day rows and running totals ([`ADD_DAYS`]) and list their
+    /// days as changed for the group rollups; a GPU whose day row is missing has its days
+    /// rolled from its hours instead.
+    async fn add_day_deltas(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        deltas: &[(i64, &DayDelta)],
+    ) -> Result<()> {
+        let mut missing: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for chunk in deltas.chunks(PRESENCE_CHUNK) {
+            let rows = format!("VALUES {}", values(chunk.len(), ADD_DAYS_COLS));
+            let text = ADD_DAYS.replace("VALUES ROWS", &rows);
+            let sql = self.sql(&text);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == PRESENCE_CHUNK);
+            for (id, d) in chunk {
+                q = q
+                    .bind(*id)
+                    .bind(d.day)
+                    .bind(d.known)
+                    .bind(d.act)
+                    .bind(d.idle)
+                    .bind(d.alloc_idle)
+                    .bind(F64(d.mem_max));
+            }
+            let mut written: HashSet<(i64, i64)> = HashSet::new();
+            for row in q.fetch_all(&mut **tx).await? {
+                written.insert((row.try_get(0)?, row.try_get(1)?));
+            }
+            for (id, d) in chunk {
+                if !written.contains(&(*id, d.day)) {
+                    missing.entry(d.day).or_default().push(*id);
+                }
+            }
+        }
+        for (day, ids) in &missing {
+            self.reroll_days(tx, ids, *day, day + DAY_SECS).await?;
+        }
+        let days: BTreeSet<i64> = deltas.iter().map(|(_, d)| d.day).collect();
+        let days: Vec<i64> = days.into_iter().collect();
+        for chunk in days.chunks(PRESENCE_CHUNK) {
+            let text = format!(
+                "INSERT INTO group_dirty (day) VALUES {} ON CONFLICT (day) DO NOTHING",
+                values(chunk.len(), 1)
+            );
+            let sql = self.sql(&text);
+            let mut q = sqlx::query(&sql);
+            for day in chunk {
+                q = q.bind(*day);
+            }
+            q.execute(&mut **tx).await?;
         }
         Ok(())
     }

@@ -2789,6 +2789,169 @@ async fn late_samples_on_stored_hours_move_allocated_idle_hours(store: Store) {
 
 both!(late_samples_on_stored_hours_move_allocated_idle_hours);
 
+/// Live pushes, one sample per GPU every ten minutes, so most pushes add onto hours stored
+/// already and their day rows and running totals are moved by what the samples changed
+/// (`DayDelta` in the store) rather than rolled again. Hours turn busy or idle as samples
+/// arrive, one GPU's first sample of each hour has no activity (its hour becomes known later),
+/// memory rises and falls, one GPU is allocated half the day, and late samples land on the day
+/// before (whose later day's running totals must move) and on two days in one push. Per GPU,
+/// for whole days, two days and edges, every count and the activity sum equal what the raw
+/// samples give; allocated-idle workloads equal their slow split.
+async fn live_pushes_move_day_rows_as_their_hours_changed(store: Store) {
+    let p = who("live-days", None);
+    // The server's clock for every push: the last day's hours take samples added on.
+    let at = t("2026-12-01T20:00:00Z");
+    let first = t("2026-11-30T20:00:00Z").timestamp();
+    let gpus: Vec<String> = (0..3)
+        .map(|i| format!("GPU-11ve0000-0000-0000-0000-{i:012x}"))
+        .collect();
+    let inventory: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            format!(
+                r#"{{"uuid":"{g}","model":"Tesla T4","labels":{{"team":"live"}},"observed_at":"2026-11-30T00:00:00Z"}}"#
+            )
+        })
+        .collect();
+    let out = push_at(
+        &store,
+        &p,
+        &format!(r#"{{"gpus":[{}]}}"#, inventory.join(",")),
+        at,
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{out:?}");
+    let out = push_at(
+        &store,
+        &p,
+        &format!(
+            r#"{{"allocations":[{{"gpu_uuid":"{}","start":"2026-12-01T00:00:00Z","end":"2026-12-01T12:00:00Z","workload":"job-live","kind":"pod","team":"live"}}]}}"#,
+            gpus[1]
+        ),
+        at,
+    )
+    .await;
+    assert!(out.rejected.is_empty(), "{out:?}");
+    // (gpu, ts, util, mem)
+    type LiveSample = (usize, i64, Option<u64>, u64);
+    let mut raw: Vec<LiveSample> = Vec::new();
+    let mut r = Lcg(7_919);
+    let sample = |r: &mut Lcg, g: usize, ts: i64| {
+        // GPU 2's first sample of each hour has no activity, nor any of its last hour of the
+        // day before until a late one.
+        let util = if g == 2 && (ts % 3600 == 0 || ts / 3600 == first / 3600 + 3) {
+            None
+        } else if r.below(3) == 0 {
+            Some(r.below(8))
+        } else {
+            Some(r.below(101))
+        };
+        (g, ts, util, 1000 + r.below(4000))
+    };
+    let body = |batch: &[LiveSample]| {
+        let s: Vec<String> = batch
+            .iter()
+            .map(|&(g, ts, util, mem)| {
+                let util = util
+                    .map(|u| format!(r#","util_pct":{u}"#))
+                    .unwrap_or_default();
+                format!(
+                    r#"{{"gpu_uuid":"{}","ts":"{}"{util},"mem_used_mib":{mem}}}"#,
+                    gpus[g],
+                    chrono::DateTime::from_timestamp(ts, 0)
+                        .unwrap()
+                        .to_rfc3339()
+                )
+            })
+            .collect();
+        format!(r#"{{"samples":[{}]}}"#, s.join(","))
+    };
+    let mut pushes: Vec<Vec<LiveSample>> = Vec::new();
+    for step in 0..24 * 6 {
+        let ts = first + step * 600;
+        pushes.push((0..3).map(|g| sample(&mut r, g, ts)).collect());
+    }
+    // Late: GPU 0 on both days in one push; GPU 1 on two hours of a day, the earlier with the
+    // day's peak memory; GPU 2 alone on the day before, the first activity of its hour.
+    pushes.push(vec![
+        sample(&mut r, 0, first + 3600 + 300),
+        sample(&mut r, 0, first + 7 * 3600 + 300),
+    ]);
+    pushes.push(vec![
+        (1, first + 7 * 3600 + 300, Some(50), 9000),
+        (1, first + 9 * 3600 + 300, Some(50), 100),
+    ]);
+    pushes.push(vec![(2, first + 3 * 3600 + 300, Some(50), 100)]);
+    for batch in &pushes {
+        let out = push_at(&store, &p, &body(batch), at).await;
+        assert!(
+            out.rejected.is_empty() && out.duplicates.samples == 0,
+            "{out:?}"
+        );
+        raw.extend(batch.iter().copied());
+    }
+    let allocated = |ts: i64| {
+        ts >= t("2026-12-01T00:00:00Z").timestamp() && ts < t("2026-12-01T12:00:00Z").timestamp()
+    };
+    let live = Filters {
+        team: vec!["live".into()],
+        ..Default::default()
+    };
+    for (from, to) in [
+        ("2026-11-30T00:00:00Z", "2026-12-02T00:00:00Z"),
+        ("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z"),
+        ("2026-11-30T00:00:00Z", "2026-12-01T00:00:00Z"),
+        ("2026-11-30T21:00:00Z", "2026-12-01T15:00:00Z"),
+    ] {
+        let w = hours_window(from, to);
+        // Per GPU and hour: the mean of its samples' activity (if any), the largest memory.
+        let mut hours: std::collections::BTreeMap<(usize, i64), (f64, u32, u64)> =
+            Default::default();
+        for &(g, ts, util, mem) in &raw {
+            if ts >= w.from && ts < w.to {
+                let e = hours.entry((g, ts - ts.rem_euclid(3600))).or_default();
+                if let Some(u) = util {
+                    e.0 += u as f64;
+                    e.1 += 1;
+                }
+                e.2 = e.2.max(mem);
+            }
+        }
+        let got = store.gpu_windows(w, &live, now()).await.unwrap();
+        for (g, uuid) in gpus.iter().enumerate() {
+            let mine: Vec<_> = hours.iter().filter(|((gg, _), _)| *gg == g).collect();
+            let acts: Vec<(i64, f64)> = mine
+                .iter()
+                .filter(|(_, (_, n, _))| *n > 0)
+                .map(|((_, h), (s, n, _))| (*h, s / *n as f64))
+                .collect();
+            let idle = acts.iter().filter(|(_, a)| *a < 5.0).count() as i64;
+            let alloc_idle = acts
+                .iter()
+                .filter(|(h, a)| g == 1 && allocated(*h) && *a < 5.0)
+                .count() as i64;
+            let sum: f64 = acts.iter().map(|(_, a)| a).sum();
+            let mem = mine.iter().map(|(_, (_, _, m))| *m).max();
+            let row = got.iter().find(|x| &x.uuid == uuid);
+            let label = format!("{from}..{to}, {uuid}");
+            let row = row.unwrap_or_else(|| panic!("{label}: no row in {got:#?}"));
+            assert_eq!(row.known_hours, acts.len() as i64, "{label}");
+            assert_eq!(row.idle_hours, idle, "{label}");
+            assert_eq!(row.busy_hours, acts.len() as i64 - idle, "{label}");
+            assert_eq!(row.allocated_idle_hours, alloc_idle, "{label}");
+            assert!(
+                (row.activity_sum - sum).abs() < 1e-6,
+                "{label}: {} against {sum}",
+                row.activity_sum
+            );
+            assert_eq!(row.mem_max_mib, mem.map(|m| m as f64), "{label}");
+        }
+        assert_idle_workloads_match(&store, w, &live, now(), from).await;
+    }
+}
+
+both!(live_pushes_move_day_rows_as_their_hours_changed);
+
 both!(
     edge_days_from_day_rows_match_their_hours,
     used_by_rollup_equals_recomputation_on_random_fleets,
