@@ -48,12 +48,26 @@ async fn gpus(db: &Path) -> Vec<GpuView> {
     gpus
 }
 
-/// What a GPU record says, less when it was seen (a re-import is a new sighting).
+/// What a GPU record says, less when it was seen (a re-import is a new sighting): its
+/// `last_seen`, its state, and the minute in its owner reason's ` (from source …, seen
+/// 2026-12-06 04:48 UTC)`, which moves when two imports fall on either side of a minute.
 fn attributes(g: &GpuView) -> String {
     let mut v = serde_json::to_value(g).unwrap();
     let map = v.as_object_mut().unwrap();
     map.remove("last_seen");
     map.remove("state");
+    let reason = map["owner_reason"].as_str().unwrap();
+    let mut masked = String::new();
+    let mut rest = reason;
+    while let Some(at) = rest.find(", seen ") {
+        let (head, tail) = rest.split_at(at + ", seen ".len());
+        masked.push_str(head);
+        masked.push_str("<minute>");
+        let end = tail.find(" UTC)").expect("a seen minute ends with ` UTC)`");
+        rest = &tail[end..];
+    }
+    masked.push_str(rest);
+    map["owner_reason"] = serde_json::Value::String(masked);
     v.to_string()
 }
 
