@@ -513,8 +513,8 @@ impl Store {
     /// `labels` name a cloud instance (`instance_id`), the host that instance was first
     /// reported under, which `host` becomes an alias of. So a cloud instance listed by a cloud
     /// collector, seen as a Kubernetes node and running the agent is one host, whichever came
-    /// first. An instance seen for the first time is looked up among the GPUs' labels, so
-    /// hosts stored before instances were tracked are found too.
+    /// first. Every instance a stored GPU names has its row (migration 21 recorded those stored
+    /// before instances were), so one lookup by key finds it, whatever the fleet's size.
     pub(crate) async fn instance_host(
         &self,
         tx: &mut Transaction<'_, Any>,
@@ -532,31 +532,11 @@ impl Store {
         else {
             return Ok(host);
         };
-        let mut first: Option<String> =
+        let first: Option<String> =
             sqlx::query_scalar(&self.sql("SELECT host FROM host_instances WHERE instance_id = $1"))
                 .bind(instance.clone())
                 .fetch_optional(&mut **tx)
                 .await?;
-        if first.is_none() {
-            // Labels are stored as JSON text: a cheap filter, then the exact check.
-            let rows: Vec<(String, String)> = sqlx::query_as(&self.sql(
-                "SELECT host, labels FROM gpus WHERE host IS NOT NULL AND host <> $1 \
-                 AND mig_parent_uuid IS NULL AND LOWER(labels) LIKE $2 ORDER BY first_seen, uuid",
-            ))
-            .bind(host.clone())
-            .bind(format!("%{}%", instance.replace(['%', '_'], "")))
-            .fetch_all(&mut **tx)
-            .await?;
-            first = rows.into_iter().find_map(|(h, l)| {
-                let l: BTreeMap<String, String> = serde_json::from_str(&l).ok()?;
-                let same = l.get("instance_id")?.trim().eq_ignore_ascii_case(&instance);
-                same.then_some(h)
-            });
-            if let Some(f) = &first {
-                let f = self.resolve_host(tx, f).await?;
-                first = Some(f);
-            }
-        }
         match first {
             Some(f) if f != host => {
                 self.alias_host(tx, who, &host, &f, observed_at, touched)

@@ -201,6 +201,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "gpus_filter_values",
         include_str!("../migrations/sqlite/0020_gpus_filter_values.sql"),
     ),
+    (
+        21,
+        "host_instances_backfill",
+        include_str!("../migrations/sqlite/0021_host_instances_backfill.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -302,6 +307,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         20,
         "gpus_filter_values",
         include_str!("../migrations/postgres/0020_gpus_filter_values.sql"),
+    ),
+    (
+        21,
+        "host_instances_backfill",
+        include_str!("../migrations/postgres/0021_host_instances_backfill.sql"),
     ),
 ];
 
@@ -1269,6 +1279,142 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(jit, "off");
+        Store::drop_schema(&pg, &schema).await.unwrap();
+    }
+
+    /// Migration 21 gives every instance a stored GPU names its `host_instances` row: the host
+    /// of the GPU first seen naming it (the key trimmed, in lower case), so ingest finds it by
+    /// key alone. Shown over GPUs stored without their rows, as before migration 10, on both
+    /// backends: a cloud collector then counting the instance under its own name lands on the
+    /// GPUs' host, and adds no placeholder.
+    async fn check_instances_backfilled(store: Store) {
+        use chrono::{DateTime, Utc};
+        use gpuledger_model::HostGpus;
+        let agent = |source: &str| Principal {
+            source: source.into(),
+            teams: None,
+            kind: "agent".into(),
+        };
+        let push = |who: Principal, at: &'static str, body: String| {
+            let store = store.clone();
+            async move {
+                let at: DateTime<Utc> = at.parse().unwrap();
+                let map = gpuledger_ledger::decode_body(body.as_bytes(), None, Default::default())
+                    .unwrap();
+                let out = store
+                    .ingest(&who, gpuledger_ledger::validate_body(map, at, 300), at)
+                    .await
+                    .unwrap();
+                assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+            }
+        };
+        let gpu = |uuid: &str, host: &str, instance: &str, at: &str| {
+            format!(
+                r#"{{"gpus":[{{"uuid":"{uuid}","model":"NVIDIA H100 80GB HBM3","host":"{host}","labels":{{"instance_id":"{instance}"}},"observed_at":"{at}"}}]}}"#
+            )
+        };
+        let forget = || async {
+            sqlx::query("DELETE FROM host_instances")
+                .execute(store.pool())
+                .await
+                .unwrap();
+        };
+        const A: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000001";
+        const B: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000002";
+        const C: &str = "GPU-aaaaaaaa-0000-4000-8000-000000000003";
+        let t1 = "2026-12-02T08:00:00Z";
+        push(agent("agent-1"), t1, gpu(A, "node-1", " I-0Old ", t1)).await;
+        push(agent("agent-3"), t1, gpu(C, "node-3", "i-0other", t1)).await;
+        forget().await;
+        // A second host naming the same instance later (two sources that disagreed before
+        // instances were recorded): the first sighting's host keeps it.
+        let t2 = "2026-12-02T09:00:00Z";
+        push(agent("agent-2"), t2, gpu(B, "node-2", "i-0old", t2)).await;
+        forget().await;
+
+        let sql = match store.backend() {
+            Backend::Sqlite => {
+                include_str!("../migrations/sqlite/0021_host_instances_backfill.sql")
+            }
+            Backend::Postgres => {
+                include_str!("../migrations/postgres/0021_host_instances_backfill.sql")
+            }
+        };
+        store.pool().execute(sql).await.unwrap();
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT instance_id, host FROM host_instances ORDER BY instance_id")
+                .fetch_all(store.pool())
+                .await
+                .unwrap();
+        let want = [("i-0old", "node-1"), ("i-0other", "node-3")];
+        assert_eq!(
+            rows.iter()
+                .map(|(i, h)| (i.as_str(), h.as_str()))
+                .collect::<Vec<_>>(),
+            want,
+            "{:?}",
+            store.backend()
+        );
+
+        let t3: DateTime<Utc> = "2026-12-02T10:00:00Z".parse().unwrap();
+        let cloud = Principal {
+            source: "aws".into(),
+            teams: None,
+            kind: "aws".into(),
+        };
+        let count = HostGpus {
+            host: "ip-10-0-0-7.ec2.internal".into(),
+            count: 1,
+            model: Some("H100".into()),
+            labels: [("instance_id".to_string(), "i-0OLD".to_string())].into(),
+            ..Default::default()
+        };
+        store
+            .observe_host_gpu_count(&cloud, &count, t3)
+            .await
+            .unwrap();
+        let gpus = store
+            .list_gpus(&Filters::default(), false, t3)
+            .await
+            .unwrap();
+        let hosts: Vec<(&str, Option<&str>)> = gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.host.as_deref()))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (A, Some("node-1")),
+                (B, Some("node-2")),
+                (C, Some("node-3"))
+            ],
+            "{:?}",
+            store.backend()
+        );
+    }
+
+    #[tokio::test]
+    async fn migration_21_records_the_instances_stored_before_it() {
+        sqlx::any::install_default_drivers();
+        let dir = std::env::temp_dir().join(format!("gpuledger-inst-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("i.db");
+        let _ = std::fs::remove_file(&file);
+        let store = Store::open(&file.display().to_string(), Default::default())
+            .await
+            .unwrap();
+        check_instances_backfilled(store).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let Some(pg) = pg_url() else {
+            return;
+        };
+        let schema = format!("t_inst_{}", std::process::id());
+        Store::drop_schema(&pg, &schema).await.unwrap();
+        let store = Store::open_in_schema(&pg, Some(&schema), Default::default())
+            .await
+            .unwrap();
+        check_instances_backfilled(store.clone()).await;
+        store.close().await;
         Store::drop_schema(&pg, &schema).await.unwrap();
     }
 
