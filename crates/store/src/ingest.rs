@@ -79,8 +79,8 @@ impl IngestOutcome {
     }
 }
 
-/// GPU rows rewritten by pushes after which `gpus` is vacuumed on PostgreSQL (about five
-/// minutes of a 10,000-GPU fleet pushing every minute).
+/// GPU rows rewritten by pushes after which `gpus` is vacuumed and analyzed on PostgreSQL
+/// (about five minutes of a 10,000-GPU fleet pushing every minute).
 pub(crate) const VACUUM_GPUS_AFTER: u64 = 50_000;
 
 /// How far back from the current hour a push's new samples are added onto their hour rows
@@ -286,12 +286,16 @@ impl Store {
             .store(rewrites, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Count GPU rows a push rewrote and, on PostgreSQL, vacuum `gpus` in the background
-    /// once they reach [`VACUUM_GPUS_AFTER`]. Each push rewrites the row of every GPU it names
-    /// (its last sighting), so a fleet pushing every minute leaves dead row versions by the
-    /// hundred thousand an hour, and every page and re-roll reads past them: at 10,350 GPUs a
-    /// bulk load with autovacuum off grew the table to 468 MB, and its scans with it. The
-    /// server's hourly maintenance vacuums it too; autovacuum, where on, may come first.
+    /// Count GPU rows a push rewrote and, on PostgreSQL, vacuum and analyze `gpus` in the
+    /// background once they reach [`VACUUM_GPUS_AFTER`]. Each push rewrites the row of every
+    /// GPU it names (its last sighting), so a fleet pushing every minute leaves dead row
+    /// versions by the hundred thousand an hour, and every page and re-roll reads past them: at
+    /// 10,350 GPUs a bulk load with autovacuum off grew the table to 468 MB, and its scans with
+    /// it. A fleet registering leaves the planner's statistics at the empty table: at 100,350
+    /// GPUs the look for a host's placeholder, made for every new GPU, read every GPU's entry
+    /// of the index by MIG parent (the planner took `IS NULL` for rare) instead of the host's
+    /// few, 6 ms a GPU at 67,000. The server's hourly maintenance does both too; autovacuum,
+    /// where on, may come first.
     fn note_gpu_rewrites(&self, rewrites: u64) {
         use std::sync::atomic::Ordering;
         if self.backend != crate::Backend::Postgres {
@@ -305,11 +309,11 @@ impl Store {
         let pool = self.pool.clone();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            match sqlx::query("VACUUM gpus").execute(&pool).await {
+            match sqlx::query("VACUUM (ANALYZE) gpus").execute(&pool).await {
                 Ok(_) => tracing::debug!(
                     rewrites = total,
                     secs = started.elapsed().as_secs_f64(),
-                    "vacuumed gpus"
+                    "vacuumed and analyzed gpus"
                 ),
                 Err(e) => {
                     tracing::warn!(error = %e, "vacuuming gpus failed; the next pushes retry")

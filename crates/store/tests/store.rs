@@ -5123,8 +5123,8 @@ async fn overview_reads_today_once_with_the_same_figures(store: Store) {
 both!(overview_reads_today_once_with_the_same_figures);
 
 /// On PostgreSQL, pushes that rewrote enough GPU rows (each push rewrites the last sighting of
-/// every GPU it names) vacuum `gpus` in the background, whether or not autovacuum runs; pushes
-/// short of the threshold do not. (SQLite keeps no dead row versions.)
+/// every GPU it names) vacuum and analyze `gpus` in the background, whether or not autovacuum
+/// runs; pushes short of the threshold do not. (SQLite keeps no dead row versions.)
 #[tokio::test]
 async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
     let name = "vacuum_gpus";
@@ -5141,16 +5141,18 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
         .connect(&url)
         .await
         .unwrap();
-    // Manual vacuums only: autovacuum counts apart.
-    let vacuums = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'gpus'",
+    // Manual vacuums and analyzes only: autovacuum counts apart.
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT vacuum_count, analyze_count FROM pg_stat_user_tables \
+             WHERE schemaname = $1 AND relname = 'gpus'",
         )
         .bind(schema.clone())
         .fetch_one(&stats)
         .await
         .unwrap()
     };
+    let vacuums = || async { counts().await.0 };
     let body = |minute: u32| {
         format!(
             r#"{{"gpus": [{{"uuid": "{A}", "model": "NVIDIA H100 80GB HBM3", "host": "n1",
@@ -5164,7 +5166,7 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
         push(&store, &who("rack", None), &body(minute)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(vacuums().await, 0, "vacuumed before the threshold");
+    assert_eq!(counts().await, (0, 0), "vacuumed before the threshold");
     // The next two reach it.
     for minute in 3..5 {
         push(&store, &who("rack", None), &body(minute)).await;
@@ -5177,6 +5179,7 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    assert_eq!(counts().await.1, 1, "analyzed with the vacuum");
     stats.close().await;
     Store::drop_schema(&url, &schema).await.unwrap();
 }
