@@ -466,9 +466,15 @@ impl Store {
             )
             .await?;
         let (clause, binds) = self.filtered_ids_clause(filters, 2);
+        // Today's day rows are one or two per GPU: read once for all GPUs and grouped, not
+        // looked up GPU by GPU as the settled days are (at 100,350 GPUs on PostgreSQL, 0.3
+        // against 0.9 s).
         let sql = format!(
-            "SELECT g.id, g.uuid, {} FROM gpus g WHERE g.mig_parent_uuid IS NULL{clause}",
-            evidence_days("d.day >= $1")
+            "SELECT g.id, g.uuid, t.last_busy, t.last_known FROM gpus g LEFT JOIN \
+             (SELECT d.gpu_id, MAX(CASE WHEN d.known_hours > d.idle_hours THEN d.day END) \
+                AS last_busy, MAX(CASE WHEN d.known_hours > 0 THEN d.day END) AS last_known \
+              FROM gpu_days d WHERE d.day >= $1 GROUP BY d.gpu_id) t ON t.gpu_id = g.id \
+             WHERE g.mig_parent_uuid IS NULL{clause}"
         );
         use crate::wide::Col::Plain;
         let sql = self.wide_sql(

@@ -1662,7 +1662,10 @@ impl Store {
     ) -> Result<Vec<UsedBy>> {
         let (lo, hi) = window.hours(now.timestamp());
         let ends_now = window.to >= now.timestamp();
-        let (rates, present) = self.used_by_inputs(lo, hi, filters, Some(ends_now)).await?;
+        let today = day_floor(now.timestamp());
+        let (rates, present) = self
+            .used_by_inputs(lo, hi, filters, Some((ends_now, today)))
+            .await?;
         // Whole days from the day rollup; the partial days at the window's edges from the
         // allocations and hours themselves, or as their day rows less the day's shares outside
         // the window ([`edges_by_day_of`]).
@@ -1733,8 +1736,10 @@ impl Store {
     }
 
     /// The rates of the physical GPUs matching `filters` and every GPU's present hours in
-    /// `[lo, hi)`. With `ends_now` (whether the window ends now), whole days from the day rows'
-    /// running totals (two rows per GPU) and the edges as [`running_window_rows`] reads them;
+    /// `[lo, hi)`. With `ends_now` (whether the window ends now, and today), whole days from
+    /// the day rows' running totals (two rows per GPU) and the edges as
+    /// [`running_window_rows`] reads them, the part before today kept while its days stay as
+    /// they are (`crate::settled`) and today's part read each time ([`Store::present_today`]);
     /// without, the plain way, one day row per GPU and day and the edges' hours: the reference
     /// the property tests hold the fast way to.
     async fn used_by_inputs(
@@ -1742,7 +1747,7 @@ impl Store {
         lo: i64,
         hi: i64,
         filters: &Filters,
-        ends_now: Option<bool>,
+        ends_now: Option<(bool, i64)>,
     ) -> Result<(HashMap<i64, Option<f64>>, Vec<(i64, i64)>)> {
         let (clause, binds) = filters.clause(1);
         use crate::wide::Col::{Plain, Real};
@@ -1764,6 +1769,35 @@ impl Store {
                 .into_iter()
                 .map(|r| (r.0, r.1))
                 .collect();
+        let present = match ends_now {
+            Some((_, today)) if lo < today && today < hi => {
+                let kept = self
+                    .settled(
+                        format!("present hours {lo}..{today}"),
+                        (day_floor(lo), today),
+                        || self.present_rows(lo, today, Some(false)),
+                    )
+                    .await?;
+                let mut by_gpu: BTreeMap<i64, i64> = kept.iter().copied().collect();
+                for (gpu, n) in self.present_today(today, hi).await? {
+                    *by_gpu.entry(gpu).or_default() += n;
+                }
+                by_gpu.into_iter().collect()
+            }
+            _ => self.present_rows(lo, hi, ends_now.map(|(e, _)| e)).await?,
+        };
+        Ok((rates, present))
+    }
+
+    /// Every GPU's present hours in `[lo, hi)` as [`Store::used_by_inputs`] reads them, at
+    /// once.
+    async fn present_rows(
+        &self,
+        lo: i64,
+        hi: i64,
+        ends_now: Option<bool>,
+    ) -> Result<Vec<(i64, i64)>> {
+        use crate::wide::Col::Plain;
         let ((d_lo, d_hi), [e1, e2]) = whole_days(lo, hi);
         let binds = [d_lo, d_hi, e1.0, e1.1, e2.0, e2.1];
         let sql = match ends_now {
@@ -1781,8 +1815,32 @@ impl Store {
         for b in binds {
             q = q.bind(b);
         }
-        let present: Vec<(i64, i64)> = Self::wide_rows(q.fetch_one(self.pool()).await?)?;
-        Ok((rates, present))
+        Self::wide_rows(q.fetch_one(self.pool()).await?)
+    }
+
+    /// Every GPU's present hours from midnight `today` to the clock hour `hi` (at most a day
+    /// later): today's day row less its hours from `hi` on (those ahead of the clock), one row
+    /// per GPU, rather than every hour of the day so far. GPUs with none are left out.
+    async fn present_today(&self, today: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
+        use crate::wide::Col::Plain;
+        let sql = self.wide_sql(
+            "SELECT d.gpu_id, d.present_hours - COALESCE(a.n, 0) AS n FROM gpu_days d \
+             LEFT JOIN (SELECT CAST(h.gpu_id AS BIGINT) AS gpu_id, COUNT(*) AS n \
+               FROM gpu_hours h WHERE h.hour >= $2 AND h.hour < $1 + 86400 \
+               GROUP BY CAST(h.gpu_id AS BIGINT)) a ON a.gpu_id = d.gpu_id \
+             WHERE d.day = $1 AND d.present_hours - COALESCE(a.n, 0) > 0",
+            &[Plain("gpu_id"), Plain("n")],
+            "",
+        );
+        let sql = self.sql(&sql);
+        Self::wide_rows(
+            sqlx::query_scalar(&sql)
+                .persistent(false)
+                .bind(today)
+                .bind(hi)
+                .fetch_one(self.pool())
+                .await?,
+        )
     }
 
     /// [`Store::used_by_cost`] computed from the allocations for the whole window, never from
