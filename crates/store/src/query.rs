@@ -1438,21 +1438,30 @@ fn running_present_rows(binds: [i64; 6], ends_now: bool) -> String {
     };
     let edge = |by_day: bool, outside: &str, inside: &str| {
         if by_day {
-            format!("SELECT h.gpu_id, -1 FROM gpu_hours h WHERE {outside}")
+            format!("SELECT h.gpu_id, -1 AS n FROM gpu_hours h WHERE {outside}")
         } else {
-            format!("SELECT h.gpu_id, 1 FROM gpu_hours h WHERE {inside}")
+            format!("SELECT h.gpu_id, 1 AS n FROM gpu_hours h WHERE {inside}")
         }
+    };
+    // A window with no whole day (and so no edge read by its day row) has no day row to
+    // look up: two lookups per GPU that find nothing. (Its first two binds stay referenced.)
+    let (days, keep) = if binds[0] < binds[1] {
+        let days = format!(
+            "SELECT f.gpu_id, z.run_present - a.run_present + a.present_hours AS n \
+             FROM (SELECT g.id AS gpu_id, {} AS lo_day, {} AS hi_day FROM gpus g) f \
+             JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
+             JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day UNION ALL ",
+            first_last("ASC"),
+            first_last("DESC"),
+        );
+        (days, "")
+    } else {
+        (String::new(), " WHERE $1 <= $2")
     };
     format!(
         "SELECT gpu_id, CAST(SUM(n) AS BIGINT) AS n FROM (\
-           SELECT f.gpu_id, z.run_present - a.run_present + a.present_hours AS n \
-           FROM (SELECT g.id AS gpu_id, {} AS lo_day, {} AS hi_day FROM gpus g) f \
-           JOIN gpu_days a ON a.gpu_id = f.gpu_id AND a.day = f.lo_day \
-           JOIN gpu_days z ON z.gpu_id = f.gpu_id AND z.day = f.hi_day \
-           UNION ALL {} UNION ALL {}\
-         ) p GROUP BY gpu_id HAVING SUM(n) > 0",
-        first_last("ASC"),
-        first_last("DESC"),
+           {days}{} UNION ALL {}\
+         ) p{keep} GROUP BY gpu_id HAVING SUM(n) > 0",
         edge(
             first_by_day,
             "h.hour >= $1 - 86400 AND h.hour < $3",
