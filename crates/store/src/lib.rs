@@ -16,6 +16,7 @@ mod groups;
 mod identity;
 mod ingest;
 mod lease;
+mod live;
 mod notify;
 mod owners;
 mod partitions;
@@ -91,6 +92,8 @@ pub struct Store {
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Answers over settled days kept between requests (`settled`).
     settled: std::sync::Arc<settled::Settled>,
+    /// Answers of today kept between requests, brought up to date at each (`live`).
+    live: std::sync::Arc<live::Live>,
     /// GPU rows pushes rewrote since `gpus` was last vacuumed (PostgreSQL; `ingest.rs`).
     gpu_rewrites: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// How many rewrites of GPU rows call for vacuuming `gpus` ([`ingest::VACUUM_GPUS_AFTER`]).
@@ -206,6 +209,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "host_instances_backfill",
         include_str!("../migrations/sqlite/0021_host_instances_backfill.sql"),
     ),
+    (
+        22,
+        "live_today",
+        include_str!("../migrations/sqlite/0022_live_today.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -312,6 +320,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         21,
         "host_instances_backfill",
         include_str!("../migrations/postgres/0021_host_instances_backfill.sql"),
+    ),
+    (
+        22,
+        "live_today",
+        include_str!("../migrations/postgres/0022_live_today.sql"),
     ),
 ];
 
@@ -569,6 +582,7 @@ impl Store {
             settings: std::sync::Arc::new(settings),
             write_lock: Default::default(),
             settled: Default::default(),
+            live: Default::default(),
             gpu_rewrites: Default::default(),
             vacuum_gpus_after: std::sync::Arc::new(ingest::VACUUM_GPUS_AFTER.into()),
         };

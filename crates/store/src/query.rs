@@ -4,6 +4,7 @@
 //! day rollups for its whole UTC days and hour rollups for the partial days at its edges.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use gpuledger_ledger::usedby::{split, HeldShare, UsedBy};
@@ -16,6 +17,7 @@ use gpuledger_model::{
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
+use crate::live::{self, LiveRow};
 use crate::rollup::{EVIDENCE_ACTIVITY, EVIDENCE_MEMORY};
 use crate::rows::{allocation_from_row, gpu_from_row, ts, GpuRow, GPU_COLUMNS};
 use crate::{Result, Store, StoreError, OPEN_END};
@@ -564,7 +566,7 @@ impl Store {
         let live = self.window_today(lo, hi, today, filters, with_mem).await?;
         let mut out = Vec::with_capacity(live.len());
         let mut today_rows = Vec::new();
-        for r in live {
+        for r in live.iter() {
             if keep_today && r.present.unwrap_or(0) > 0 {
                 let mut t = r.clone().window(None);
                 if !with_mem {
@@ -573,7 +575,7 @@ impl Store {
                 today_rows.push(t);
             }
             let c = by_period.get(&(r.gpu_id, r.o_from)).copied();
-            let mut w = r.window(c);
+            let mut w = r.clone().window(c);
             if w.present_hours <= 0 {
                 continue;
             }
@@ -670,20 +672,80 @@ impl Store {
         today: i64,
         filters: &Filters,
         with_mem: bool,
+    ) -> Result<Arc<Vec<WindowRow>>> {
+        if !(self.keeps_live() && hi > today && filters.is_empty()) {
+            let rows = self
+                .window_today_of(lo, hi, today, filters, with_mem, None)
+                .await?;
+            return Ok(Arc::new(WindowRow::in_order(rows)));
+        }
+        // Kept between requests (`crate::live`), with peak memory whether asked or not (one
+        // answer for both): the GPUs whose day row of today or hours ahead of the clock were
+        // written since, those whose owner changed within today (read from their hours) and
+        // those whose peak of today lies ahead of the clock (the peak so far is then read from
+        // their hours).
+        let changed = format!(
+            "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
+             SELECT gpu_id FROM gpu_days WHERE day = $2 AND {} \
+             UNION SELECT gpu_id FROM gpu_hours WHERE hour >= $3 AND hour < $2 + 86400 AND {} \
+             UNION SELECT gpu_id FROM gpu_owners WHERE from_ts > $2 AND from_ts < $2 + 86400 \
+             UNION SELECT h.gpu_id FROM gpu_hours h JOIN gpu_days d ON d.gpu_id = h.gpu_id \
+               AND d.day = $2 WHERE h.hour >= $3 AND h.hour < $2 + 86400 \
+               AND h.mem_max >= d.mem_max) f",
+            live::written_since("gpu_days"),
+            live::written_since("gpu_hours"),
+        );
+        self.live_rows(
+            format!(
+                "today's window rows threshold {} hours {lo}..{hi} today {today}",
+                self.settings.idle_threshold_pct
+            ),
+            &changed,
+            &[today, hi],
+            |a: &WindowRow, b: &WindowRow| (&a.uuid, a.o_from).cmp(&(&b.uuid, b.o_from)),
+            |only| async move {
+                self.window_today_of(lo, hi, today, filters, true, only.as_deref())
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// [`Store::window_today`] read, of the GPUs `only` alone where given (PostgreSQL).
+    async fn window_today_of(
+        &self,
+        lo: i64,
+        hi: i64,
+        today: i64,
+        filters: &Filters,
+        with_mem: bool,
+        only: Option<&[i64]>,
     ) -> Result<Vec<WindowRow>> {
         let (clause, binds) = filters.clause_with(8, "o");
-        const OUTSIDE: &str = "h.hour >= $6 AND h.hour < $5 + 86400";
-        const INSIDE: &str = "h.hour >= $5 AND h.hour < $6";
+        let array = only.map(live::id_array);
+        let (outside, inside, only_owned) = match &array {
+            Some(a) => (
+                format!("h.hour >= $6 AND h.hour < $5 + 86400 AND h.gpu_id = ANY({a})"),
+                format!("h.hour >= $5 AND h.hour < $6 AND h.gpu_id = ANY({a})"),
+                format!(" AND o.gpu_id = ANY({a})"),
+            ),
+            None => (
+                "h.hour >= $6 AND h.hour < $5 + 86400".to_string(),
+                "h.hour >= $5 AND h.hour < $6".to_string(),
+                String::new(),
+            ),
+        };
+        let (outside, inside) = (outside.as_str(), inside.as_str());
         // A window that ends before today reads no row of today (the binds stay referenced).
         let live = hi > today;
-        let (net, split) = net_day_parts(true, "$5", OUTSIDE, INSIDE);
+        let (net, split) = net_day_parts_of(true, "$5", outside, inside, array.as_deref());
         let split = split.unwrap_or_default();
         let none = if live { "" } else { " WHERE 1 = 0" };
         let (peaks, mem, peak_join) = if with_mem && live {
             (
                 format!(
                     ", e2 AS MATERIALIZED ({})",
-                    edge_day_mem("$5", OUTSIDE, INSIDE)
+                    edge_day_mem_of("$5", outside, inside, array.as_deref())
                 ),
                 "CASE WHEN x.gpu_id IS NULL THEN NULL ELSE COALESCE(x.mem, e2.m) END",
                 " LEFT JOIN e2 ON e2.gpu_id = o.gpu_id",
@@ -709,14 +771,12 @@ impl Store {
              o.env, g.cloud, g.cluster, g.model, g.vendor, g.usd_per_hour, {counts} \
              FROM gpu_owners o JOIN gpus g ON g.id = o.gpu_id{join} \
              WHERE o.from_ts < {hi} AND o.to_ts > {lo} AND g.mig_parent_uuid IS NULL \
-             AND $1 <= $2 AND $3 <= $4{clause}"
+             AND $1 <= $2 AND $3 <= $4{only_owned}{clause}"
         );
         let sql = self.wide_sql(&inner, &window_columns(), "");
         let t = today.min(hi);
-        let rows = self
-            .fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
-            .await?;
-        Ok(WindowRow::in_order(rows))
+        self.fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
+            .await
     }
 
     /// [`Store::gpu_windows`] read the plain way, every row joined to the owner period it fell
@@ -1052,6 +1112,12 @@ struct WindowRow {
     b_usd: Option<f64>,
 }
 
+impl LiveRow for WindowRow {
+    fn gpu_id(&self) -> i64 {
+        self.gpu_id
+    }
+}
+
 impl WindowRow {
     /// `rows` by GPU (UUID) and owner period in time order, as the readers fold them: sorted
     /// here, where it costs next to nothing, rather than by the database, where sorting the
@@ -1305,13 +1371,22 @@ pub(crate) fn running_window_rows(
 /// as a `MATERIALIZED` CTE, once: as a table joined to each GPU, PostgreSQL ran it GPU by
 /// GPU, each time over every GPU's outside hours.
 fn edge_day_mem(day: &str, outside: &str, inside: &str) -> String {
+    edge_day_mem_of(day, outside, inside, None)
+}
+
+/// [`edge_day_mem`] of the GPUs in the SQL array `only` alone, where given (`outside` and
+/// `inside` must restrict the hours themselves).
+fn edge_day_mem_of(day: &str, outside: &str, inside: &str, only: Option<&str>) -> String {
+    let only = only
+        .map(|a| format!(" AND ed.gpu_id = ANY({a})"))
+        .unwrap_or_default();
     format!(
         "SELECT ed.gpu_id, CASE WHEN COALESCE(o.m, -1) < ed.mem_max THEN ed.mem_max \
          ELSE (SELECT MAX(h.mem_max) FROM gpu_hours h WHERE h.gpu_id = ed.gpu_id AND {inside}) \
          END AS m FROM gpu_days ed LEFT JOIN (\
            SELECT CAST(h.gpu_id AS BIGINT) AS gpu_id, MAX(h.mem_max) AS m FROM gpu_hours h \
            WHERE {outside} GROUP BY CAST(h.gpu_id AS BIGINT)) o ON o.gpu_id = ed.gpu_id \
-         WHERE ed.day = {day}"
+         WHERE ed.day = {day}{only}"
     )
 }
 
@@ -1366,6 +1441,21 @@ fn net_day_rows(owned: bool, day: &str, outside: &str, inside: &str) -> String {
 /// so SQLite reads them by hour, not GPU by GPU through the index by GPU (see
 /// [`edge_day_mem`]).
 fn net_day_parts(owned: bool, day: &str, outside: &str, inside: &str) -> (String, Option<String>) {
+    net_day_parts_of(owned, day, outside, inside, None)
+}
+
+/// [`net_day_parts`] of the GPUs in the SQL array `only` alone, where given (the restriction
+/// goes into the day rows read; `outside` and `inside` must restrict the hours themselves).
+fn net_day_parts_of(
+    owned: bool,
+    day: &str,
+    outside: &str,
+    inside: &str,
+    only: Option<&str>,
+) -> (String, Option<String>) {
+    let only = only
+        .map(|a| format!(" AND d.gpu_id = ANY({a})"))
+        .unwrap_or_default();
     let (o_from, owner, unsplit) = if owned {
         (
             "o.from_ts",
@@ -1381,7 +1471,7 @@ fn net_day_parts(owned: bool, day: &str, outside: &str, inside: &str) -> (String
          {} AS idle, {} AS alloc, {} AS alloc_idle, {} AS act, \
          CAST(NULL AS DOUBLE PRECISION) AS mem, {} AS b_hours, {} AS b_usd \
          FROM gpu_days d LEFT JOIN ({}) a ON a.gpu_id = d.gpu_id{owner} \
-         WHERE d.day = {day}{unsplit} AND d.present_hours - COALESCE(a.present, 0) > 0",
+         WHERE d.day = {day}{only}{unsplit} AND d.present_hours - COALESCE(a.present, 0) > 0",
         net("present_hours", "present"),
         net("known_hours", "known"),
         net("idle_hours", "idle"),

@@ -2417,12 +2417,14 @@ async fn assert_window_figures_match(store: &Store, w: Window, now: DateTime<Utc
     }
     by_team.retain(|_, p| p.gpu_hours > 0);
     let teams: Vec<&String> = by_team.keys().collect();
-    let groups: Vec<&String> = summary
+    let mut groups: Vec<&String> = summary
         .groups
         .iter()
         .filter(|g| g.gpu_hours > 0)
         .map(|g| &g.key)
         .collect();
+    // The summary orders its groups by their figures; the fold, by name.
+    groups.sort();
     assert_eq!(teams, groups, "{at}");
     for g in &summary.groups {
         let Some(p) = by_team.get(&g.key) else {
@@ -2958,6 +2960,7 @@ both!(
     allocations_found_by_start_or_end_hold_the_same_hours,
     group_rollups_equal_per_gpu_rows_on_random_fleets,
     settled_answers_are_read_again_after_each_change,
+    todays_kept_counts_follow_every_write,
 );
 
 /// The answers kept over settled days (`settled` in the store) are served while nothing
@@ -3013,6 +3016,119 @@ async fn settled_answers_are_read_again_after_each_change(store: Store) {
         assert_close_debug(&figures().await, &expected, &format!("{who_}: after"));
         assert_close_debug(&figures().await, &expected, &format!("{who_}: kept"));
         last = expected;
+    }
+}
+
+/// Today's per-GPU counts kept between requests (on PostgreSQL, `live` in the store): after
+/// each write of a series that lands on today, the fleet's per-GPU window counts, summary and
+/// daily trend equal every row joined to its owner period. The writes: samples before and
+/// ahead of the clock, an allocation, a change of owner within today, a new GPU, a GPU moved
+/// to another host, the hours ahead of the clock of a stopped host removed.
+async fn todays_kept_counts_follow_every_write(store: Store) {
+    push_random_fleets(&store).await;
+    // "Now" is within the random fleets' week: today is 2026-11-28, 10:30.
+    let clock = t("2026-11-28T10:30:00Z");
+    let windows = [
+        hours_window("2026-11-25T00:00:00Z", "2026-11-28T10:30:00Z"),
+        hours_window("2026-11-26T07:00:00Z", "2026-11-28T10:30:00Z"),
+    ];
+    let check = |at: String| {
+        let store = store.clone();
+        async move {
+            for w in windows {
+                assert_window_figures_match(&store, w, clock, &at).await;
+            }
+        }
+    };
+    check("first read".into()).await;
+    check("nothing changed".into()).await;
+    let g = |seed: u64, i: u64| format!("GPU-{seed:08x}-0000-0000-0000-{i:012x}");
+    let sample = |uuid: &str, ts: &str, util: u32, mem: u32| {
+        format!(
+            r#"{{"samples":[{{"gpu_uuid":"{uuid}","ts":"{ts}","util_pct":{util},"mem_used_mib":{mem}}}]}}"#
+        )
+    };
+    let new_gpu = "GPU-0000000a-0000-0000-0000-00000000000a";
+    let writes: Vec<(&str, String)> = vec![
+        ("prop-1", sample(&g(1, 1), "2026-11-28T09:40:00Z", 3, 100)),
+        ("prop-1", sample(&g(1, 1), "2026-11-28T10:10:00Z", 90, 200)),
+        // Ahead of the clock, with the day's peak memory.
+        (
+            "prop-2",
+            sample(&g(2, 3), "2026-11-28T13:30:00Z", 1, 39_999),
+        ),
+        (
+            "prop-2",
+            format!(
+                r#"{{"allocations":[{{"gpu_uuid":"{}","start":"2026-11-28T08:00:00Z","workload":"late","kind":"pod","team":"nlp"}}]}}"#,
+                g(2, 4)
+            ),
+        ),
+        // A change of owner within today: the day is split.
+        (
+            "prop-3",
+            format!(
+                r#"{{"gpus":[{{"uuid":"{}","model":"Tesla T4","labels":{{"team":"infra"}},"observed_at":"2026-11-28T07:00:00Z"}}]}}"#,
+                g(3, 0)
+            ),
+        ),
+        // Then a sample onto its split day.
+        ("prop-3", sample(&g(3, 0), "2026-11-28T08:20:00Z", 2, 10)),
+        (
+            "prop-4",
+            format!(
+                r#"{{"gpus":[{{"uuid":"{new_gpu}","model":"Tesla T4","host":"new-host","observed_at":"2026-11-28T06:00:00Z"}}],"samples":[{{"gpu_uuid":"{new_gpu}","ts":"2026-11-28T06:05:00Z","util_pct":50}},{{"gpu_uuid":"{new_gpu}","ts":"2026-11-28T10:58:00Z","util_pct":60}}]}}"#
+            ),
+        ),
+        (
+            "prop-4",
+            format!(
+                r#"{{"gpus":[{{"uuid":"{}","model":"Tesla T4","host":"moved-1","observed_at":"2026-11-28T09:00:00Z"}}]}}"#,
+                g(4, 0)
+            ),
+        ),
+        ("prop-1", sample(&g(1, 2), "2026-11-28T10:25:00Z", 0, 5)),
+    ];
+    for (n, (source, body)) in writes.iter().enumerate() {
+        let out = push(&store, &who(source, None), body).await;
+        assert!(out.rejected.is_empty(), "write {n}: {:?}", out.rejected);
+        check(format!("after write {n}: {body}")).await;
+        check(format!("after write {n}, again")).await;
+    }
+    // The new GPU's stale window runs past the clock from 11:00; its host stops before: those
+    // hour rows are removed.
+    let stopper = gpuledger_store::Principal {
+        source: "prop-4".into(),
+        teams: None,
+        kind: "pull".into(),
+    };
+    let gone = store
+        .observe_host_stopped(&stopper, "new-host", None, t("2026-11-28T10:59:00Z"))
+        .await
+        .unwrap();
+    assert!(
+        gone >= 1,
+        "the stopped host's hours ahead of the clock: {gone}"
+    );
+    check("after a stopped host".into()).await;
+    // On a day no GPU's owner changes and no hour ahead of the clock holds a peak, a read
+    // with nothing written since is served as kept.
+    let quiet = t("2026-12-01T12:30:00Z");
+    let w = hours_window("2026-11-29T00:00:00Z", "2026-12-01T12:30:00Z");
+    assert_window_figures_match(&store, w, quiet, "a quiet day").await;
+    let before = store.live_reads();
+    assert_window_figures_match(&store, w, quiet, "a quiet day, again").await;
+    if store.backend() == gpuledger_store::Backend::Postgres {
+        let [whole, some, kept] = store.live_reads();
+        assert!(
+            some >= writes.len() as u64,
+            "brought up to date: {whole} {some} {kept}"
+        );
+        assert!(kept > before[2], "served as kept: {whole} {some} {kept}");
+        assert_eq!(
+            whole, before[0],
+            "nothing read whole: {whole} {some} {kept}"
+        );
     }
 }
 

@@ -1,0 +1,218 @@
+//! Today's per-GPU rows, kept in memory between requests on PostgreSQL.
+//!
+//! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`): at 100,000
+//! GPUs that is a row per GPU built and sent at each request, one to two seconds. Between two
+//! requests only the GPUs that pushed change, so a kept answer is brought up to date by reading
+//! again those GPUs alone.
+//!
+//! Which GPUs changed is read from the rows themselves. On PostgreSQL each row version carries
+//! the transaction that wrote it (`xmin`). A read remembers the oldest transaction still
+//! running when it began (its snapshot's `xmin`, the watermark): every row version it did not
+//! see was written by that transaction or a later one. The next request lists the GPUs whose
+//! rows of today (the day row, and the hours ahead of the clock, which today's counts
+//! subtract) were written at or after the watermark, reads those GPUs again and puts them in
+//! place of their kept rows. A transaction ID is compared with the watermark modulo 2^32, as
+//! PostgreSQL compares them itself: a live row is never older than two billion transactions.
+//!
+//! What a row's writer cannot show, the database marks in `meta.live_gen` (migration 22): a
+//! removed day, hour, GPU or owner period, a new GPU or owner period, a change of the GPU
+//! attributes today's counts read. A different generation reads the whole answer again, as
+//! does a change to most GPUs at once. The GPUs whose counts today depend on more than their
+//! day row and their hours ahead of the clock (a change of owner within today, a peak memory
+//! in the hours ahead) are read again at every request.
+//!
+//! Like `settled`, the answers are kept per process: several servers over one database each
+//! keep their own and each asks the database what changed, never its own writes. SQLite reads
+//! today's counts at each request (a local file, fast enough at the sizes it serves).
+
+use std::cmp::Ordering;
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering as Atomic};
+use std::sync::{Arc, Mutex};
+
+use crate::{Backend, Result, Store};
+
+/// How many answers are kept (the one least recently used goes first): a few windows.
+const KEPT: usize = 4;
+
+/// Above this share of the kept rows' GPUs changed (and more than [`REREAD_FEW`]), the whole
+/// answer is read again: one read of all is cheaper than a list of most.
+const REREAD_SHARE: usize = 4;
+
+/// Up to this many changed GPUs are always read again by their list.
+const REREAD_FEW: usize = 256;
+
+/// The `meta` key of the generation the triggers of migration 22 bump.
+const GENERATION: &str = "live_gen";
+
+/// A kept row: the GPU it belongs to.
+pub(crate) trait LiveRow: Send + Sync + 'static {
+    fn gpu_id(&self) -> i64;
+}
+
+/// The answers kept, the most recently used last; each behind its own lock, so a request
+/// brings an answer up to date while others wait for it, not read it again each.
+#[derive(Default)]
+pub(crate) struct Live {
+    kept: Mutex<VecDeque<(String, Slot)>>,
+    /// Answers read whole, brought up to date by reading some GPUs again, served as kept.
+    reads: [AtomicU64; 3],
+}
+
+/// One question's answer, behind the lock a request holds while it brings it up to date.
+type Slot = Arc<tokio::sync::Mutex<Option<Kept>>>;
+
+struct Kept {
+    watermark: i64,
+    generation: i64,
+    rows: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl Live {
+    /// The slot of `question`, made if new, which becomes the newest kept.
+    fn slot(&self, question: &str) -> Slot {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = kept.iter().position(|(q, _)| q == question) {
+            let k = kept.remove(at).expect("position is in range");
+            let slot = Arc::clone(&k.1);
+            kept.push_back(k);
+            return slot;
+        }
+        if kept.len() >= KEPT {
+            kept.pop_front();
+        }
+        let slot = Arc::new(tokio::sync::Mutex::new(None));
+        kept.push_back((question.to_string(), Arc::clone(&slot)));
+        slot
+    }
+}
+
+/// Whether the row version of `table`'s `xmin` was written at or after the watermark `$1`
+/// (taken modulo 2^32, as the caller binds it).
+pub(crate) fn written_since(table: &str) -> String {
+    format!(
+        "(CAST(CAST({table}.xmin AS TEXT) AS BIGINT) - $1 + 4294967296) % 4294967296 \
+         < 2147483648"
+    )
+}
+
+/// `ids` as an SQL array of PostgreSQL (integers, so written in place).
+pub(crate) fn id_array(ids: &[i64]) -> String {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    format!("CAST('{{{}}}' AS BIGINT[])", list.join(","))
+}
+
+/// The watermark and generation, read after `changed`'s list (the same statement's snapshot).
+const MARK: &str = "CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT), \
+     COALESCE((SELECT CAST(value AS BIGINT) FROM meta WHERE key = 'live_gen'), 0)";
+
+impl Store {
+    /// Whether answers of today are kept on this backend.
+    pub(crate) fn keeps_live(&self) -> bool {
+        self.backend() == Backend::Postgres
+    }
+
+    /// The rows `read(None)` gives, kept for `question` and brought up to date at each call:
+    /// `changed` is a query (its binds `$1`, the watermark, then `binds`) whose one column
+    /// lists, as text separated by commas, the GPUs whose rows may differ from those kept
+    /// ([`written_since`] the watermark, or read at every request); those are read again with
+    /// `read(Some(ids))`, which must give the rows of exactly those GPUs. Rows are kept in the
+    /// order `order`. `question` must name everything else the answer depends on.
+    pub(crate) async fn live_rows<T, F, Fut>(
+        &self,
+        question: String,
+        changed: &str,
+        binds: &[i64],
+        order: fn(&T, &T) -> Ordering,
+        read: F,
+    ) -> Result<Arc<Vec<T>>>
+    where
+        T: LiveRow + Clone,
+        F: Fn(Option<Vec<i64>>) -> Fut,
+        Fut: Future<Output = Result<Vec<T>>>,
+    {
+        let slot = self.live.slot(&question);
+        let mut kept = slot.lock().await;
+        // Nothing kept: only the watermark and generation, before the whole answer is read.
+        let (ids, mark, generation) = match kept.as_ref() {
+            None => {
+                let sql = format!("SELECT CAST(NULL AS TEXT), {MARK}");
+                sqlx::query_as::<_, (Option<String>, i64, i64)>(&sql)
+                    .fetch_one(self.pool())
+                    .await?
+            }
+            Some(k) => {
+                let sql = format!("SELECT ({changed}), {MARK}");
+                let mut q = sqlx::query_as::<_, (Option<String>, i64, i64)>(&sql)
+                    .persistent(false)
+                    .bind(k.watermark.rem_euclid(1 << 32));
+                for b in binds {
+                    q = q.bind(*b);
+                }
+                q.fetch_one(self.pool()).await?
+            }
+        };
+        let previous = kept
+            .take()
+            .filter(|k| k.generation == generation)
+            .and_then(|k| Arc::downcast::<Vec<T>>(k.rows).ok());
+        let ids: Vec<i64> = ids
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        let how = match &previous {
+            Some(_) if ids.is_empty() => 2,
+            Some(rows) if ids.len() <= REREAD_FEW || ids.len() * REREAD_SHARE <= rows.len() => 1,
+            _ => 0,
+        };
+        self.live.reads[how].fetch_add(1, Atomic::Relaxed);
+        let rows = match previous {
+            Some(rows) if how == 2 => rows,
+            Some(rows) if how == 1 => {
+                let fresh = read(Some(ids.clone())).await?;
+                let ids: HashSet<i64> = ids.into_iter().collect();
+                let mut merged: Vec<T> = rows
+                    .iter()
+                    .filter(|r| !ids.contains(&r.gpu_id()))
+                    .cloned()
+                    .chain(fresh)
+                    .collect();
+                // A stable sort finds the kept rows already in order and merges the few new.
+                merged.sort_by(order);
+                Arc::new(merged)
+            }
+            _ => {
+                let mut rows = read(None).await?;
+                rows.sort_by(order);
+                Arc::new(rows)
+            }
+        };
+        *kept = Some(Kept {
+            watermark: mark,
+            generation,
+            rows: Arc::clone(&rows) as Arc<dyn std::any::Any + Send + Sync>,
+        });
+        Ok(rows)
+    }
+
+    /// How many answers of today were read whole, brought up to date by reading some GPUs
+    /// again, and served as kept, since the store was opened (for tests).
+    #[doc(hidden)]
+    pub fn live_reads(&self) -> [u64; 3] {
+        let r = &self.live.reads;
+        [0, 1, 2].map(|i| r[i].load(Atomic::Relaxed))
+    }
+
+    /// The generation of the kept answers (for tests).
+    #[doc(hidden)]
+    pub async fn live_generation(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql(&format!(
+            "SELECT COALESCE((SELECT CAST(value AS BIGINT) FROM meta WHERE key = '{GENERATION}'), \
+             0)"
+        )))
+        .fetch_one(self.pool())
+        .await?)
+    }
+}
