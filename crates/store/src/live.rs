@@ -33,7 +33,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Backend, Result, Store};
 
-/// How many answers are kept (the one least recently used goes first): a few windows.
+/// How many answers are kept (the one least recently used goes first): a reader's answer is
+/// one per clock hour, so this hour's and a few more.
 const KEPT: usize = 4;
 
 /// Above this share of the kept rows' GPUs changed (and more than [`REREAD_FEW`]), the whole

@@ -679,36 +679,48 @@ impl Store {
                 .await?;
             return Ok(Arc::new(WindowRow::in_order(rows)));
         }
-        // Kept between requests (`crate::live`), with peak memory whether asked or not (one
-        // answer for both): the GPUs whose day row of today or hours ahead of the clock were
-        // written since, those whose owner changed within today (read from their hours) and
-        // those whose peak of today lies ahead of the clock (the peak so far is then read from
-        // their hours).
+        // Kept between requests (`crate::live`), one answer for every window ending in this
+        // hour: every owner period up to now (those before the window's start left out
+        // below), with peak memory whether asked or not. Read again: the GPUs whose day row of
+        // today or hours ahead of the clock were written since, those whose owner changed
+        // within today (read from their hours) and those whose peak of today lies ahead of
+        // the clock (the peak so far is then read from their hours). Today's day rows are
+        // read once for both of theirs.
         let changed = format!(
-            "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
-             SELECT gpu_id FROM gpu_days WHERE day = $2 AND {} \
-             UNION SELECT gpu_id FROM gpu_hours WHERE hour >= $3 AND hour < $2 + 86400 AND {} \
-             UNION SELECT gpu_id FROM gpu_owners WHERE from_ts > $2 AND from_ts < $2 + 86400 \
-             UNION SELECT h.gpu_id FROM gpu_hours h JOIN gpu_days d ON d.gpu_id = h.gpu_id \
-               AND d.day = $2 WHERE h.hour >= $3 AND h.hour < $2 + 86400 \
-               AND h.mem_max >= d.mem_max) f",
+            "WITH d AS MATERIALIZED (SELECT gpu_id, mem_max, {} AS w FROM gpu_days \
+               WHERE day = $2) \
+             SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
+             SELECT gpu_id FROM d WHERE w \
+             UNION SELECT h.gpu_id FROM gpu_hours h LEFT JOIN d ON d.gpu_id = h.gpu_id \
+               WHERE h.hour >= $3 AND h.hour < $2 + 86400 AND ({} OR h.mem_max >= d.mem_max) \
+             UNION SELECT gpu_id FROM gpu_owners WHERE from_ts > $2 AND from_ts < $2 + 86400) f",
             live::written_since("gpu_days"),
-            live::written_since("gpu_hours"),
+            live::written_since("h"),
         );
-        self.live_rows(
-            format!(
-                "today's window rows threshold {} hours {lo}..{hi} today {today}",
-                self.settings.idle_threshold_pct
-            ),
-            &changed,
-            &[today, hi],
-            |a: &WindowRow, b: &WindowRow| (&a.uuid, a.o_from).cmp(&(&b.uuid, b.o_from)),
-            |only| async move {
-                self.window_today_of(lo, hi, today, filters, true, only.as_deref())
-                    .await
-            },
-        )
-        .await
+        let all = self
+            .live_rows(
+                format!(
+                    "today's window rows threshold {} until {hi} today {today}",
+                    self.settings.idle_threshold_pct
+                ),
+                &changed,
+                &[today, hi],
+                |a: &WindowRow, b: &WindowRow| (&a.uuid, a.o_from).cmp(&(&b.uuid, b.o_from)),
+                |only| async move {
+                    self.window_today_of(0, hi, today, filters, true, only.as_deref())
+                        .await
+                },
+            )
+            .await?;
+        if all.iter().all(|r| r.o_to.is_none_or(|to| to > lo)) {
+            return Ok(all);
+        }
+        Ok(Arc::new(
+            all.iter()
+                .filter(|r| r.o_to.is_none_or(|to| to > lo))
+                .cloned()
+                .collect(),
+        ))
     }
 
     /// [`Store::window_today`] read, of the GPUs `only` alone where given (PostgreSQL).
@@ -768,12 +780,14 @@ impl Store {
         let inner = format!(
             "WITH {SPLIT_DAYS}{peaks} \
              SELECT g.id AS gpu_id, o.from_ts AS o_from, g.uuid, g.host, g.memory_mib, o.team, \
-             o.env, g.cloud, g.cluster, g.model, g.vendor, g.usd_per_hour, {counts} \
+             o.env, g.cloud, g.cluster, g.model, g.vendor, g.usd_per_hour, {counts}, \
+             o.to_ts AS o_to \
              FROM gpu_owners o JOIN gpus g ON g.id = o.gpu_id{join} \
              WHERE o.from_ts < {hi} AND o.to_ts > {lo} AND g.mig_parent_uuid IS NULL \
              AND $1 <= $2 AND $3 <= $4{only_owned}{clause}"
         );
-        let sql = self.wide_sql(&inner, &window_columns(), "");
+        let columns = [window_columns(), vec![crate::wide::Col::Plain("o_to")]].concat();
+        let sql = self.wide_sql(&inner, &columns, "");
         let t = today.min(hi);
         self.fetch_window_wide(&sql, [t, t, t, t, t, hi.max(t)], binds)
             .await
@@ -1110,6 +1124,9 @@ struct WindowRow {
     b_hours: Option<i64>,
     #[serde(deserialize_with = "crate::wide::opt_real")]
     b_usd: Option<f64>,
+    /// The owner period's end, where read (the rows of today kept for every window).
+    #[serde(default)]
+    o_to: Option<i64>,
 }
 
 impl LiveRow for WindowRow {
