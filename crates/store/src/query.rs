@@ -723,7 +723,8 @@ impl Store {
         ))
     }
 
-    /// [`Store::window_today`] read, of the GPUs `only` alone where given (PostgreSQL).
+    /// [`Store::window_today`] read from the database (on either backend), of the GPUs `only`
+    /// alone where given (PostgreSQL only: they are written in place as an array).
     async fn window_today_of(
         &self,
         lo: i64,
