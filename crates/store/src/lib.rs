@@ -40,6 +40,7 @@ pub use billing::{BillingFile, BillingImport, UnseenSpend};
 pub use dash::{Heatmap, SeriesPoint};
 pub use ingest::{IngestOutcome, Principal};
 pub use lease::Lease;
+pub use live::KeptKind;
 pub use notify::{Delivery, NotifyState};
 pub use query::{CloudAccount, Filters, Window};
 pub use tokens::{Role, TokenInfo, TokenRow};
@@ -92,8 +93,8 @@ pub struct Store {
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Answers over settled days kept between requests (`settled`).
     settled: std::sync::Arc<settled::Settled>,
-    /// Answers of today kept between requests, brought up to date at each (`live`).
-    live: std::sync::Arc<live::Live>,
+    /// Answers kept between requests, brought up to date at each (`live`).
+    live: std::sync::Arc<live::Lives>,
     /// GPU rows pushes rewrote since `gpus` was last vacuumed (PostgreSQL; `ingest.rs`).
     gpu_rewrites: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// How many rewrites of GPU rows call for vacuuming `gpus` ([`ingest::VACUUM_GPUS_AFTER`]).

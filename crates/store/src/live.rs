@@ -1,29 +1,38 @@
-//! Today's per-GPU rows, kept in memory between requests on PostgreSQL.
+//! Answers kept in memory between requests on PostgreSQL: today's per-GPU rows, the GPU
+//! lists and today's activity evidence.
 //!
-//! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`): at 100,000
-//! GPUs that is a row per GPU built and sent at each request, one to two seconds. Between two
-//! requests only the GPUs that pushed change, so a kept answer is brought up to date by reading
-//! again those GPUs alone.
+//! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`), the list of
+//! every GPU (`Store::list_gpus`) and, for the findings, each GPU's last busy and last measured
+//! day of today (`Store::activity_evidence`): at 100,000 GPUs each is a row per GPU built and
+//! sent at each request, half a second to two seconds. Between two requests only the GPUs
+//! that pushed change, so a kept answer is brought up to date by reading again those GPUs
+//! alone.
 //!
 //! Which GPUs changed is read from the rows themselves. On PostgreSQL each row version carries
 //! the transaction that wrote it (`xmin`). A read remembers the oldest transaction still
 //! running when it began (its snapshot's `xmin`, the watermark): every row version it did not
 //! see was written by that transaction or a later one. The next request lists the GPUs whose
-//! rows of today (the day row, and the hours ahead of the clock, which today's counts
-//! subtract) were written at or after the watermark, reads those GPUs again and puts them in
-//! place of their kept rows. A transaction ID is compared with the watermark modulo 2^32, as
-//! PostgreSQL compares them itself: a live row is never older than two billion transactions.
+//! rows were written at or after the watermark (for today's counts, the day row of today and
+//! the hours ahead of the clock, which today's counts subtract; for the lists, the GPU's own
+//! row, which every push writes; for the evidence, the day rows from today on), reads those
+//! GPUs again and puts them in place of their kept rows. A transaction ID is compared with the
+//! watermark modulo 2^32, as PostgreSQL compares them itself: a live row is never older than
+//! two billion transactions. A writing transaction that runs long holds the watermark back:
+//! until it ends, each request reads again every GPU written since it began (read whole once
+//! they are more than a quarter of the fleet).
 //!
 //! What a row's writer cannot show, the database marks in `meta.live_gen` (migration 22): a
 //! removed day, hour, GPU or owner period, a new GPU or owner period, a change of the GPU
 //! attributes today's counts read. A different generation reads the whole answer again, as
 //! does a change to most GPUs at once. The GPUs whose counts today depend on more than their
 //! day row and their hours ahead of the clock (a change of owner within today, a peak memory
-//! in the hours ahead) are read again at every request.
+//! in the hours ahead) are read again at every request. A kept list's GPUs are told present or
+//! missing again at each request, by the time of that request.
 //!
-//! Like `settled`, the answers are kept per process: several servers over one database each
-//! keep their own and each asks the database what changed, never its own writes. SQLite reads
-//! today's counts at each request (a local file, fast enough at the sizes it serves).
+//! Only the whole fleet's answers are kept (no filter): a filtered page reads its own. Like
+//! `settled`, the answers are kept per process: several servers over one database each keep
+//! their own and each asks the database what changed, never its own writes. SQLite reads them
+//! at each request (a local file, fast enough at the sizes it serves).
 
 use std::cmp::Ordering;
 use std::collections::{HashSet, VecDeque};
@@ -33,9 +42,17 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Backend, Result, Store};
 
-/// How many answers are kept (the one least recently used goes first): a reader's answer is
-/// one per clock hour, so this hour's and a few more.
-const KEPT: usize = 4;
+/// How many answers of today's rows are kept (the one least recently used goes first): a
+/// reader's answer is one per clock hour, so this hour's and a few more.
+const KEPT_TODAY: usize = 4;
+
+/// How many GPU lists are kept: one per kind of list (with MIG instances or without, with
+/// labels or without).
+const KEPT_LISTS: usize = 3;
+
+/// How many answers of today's activity evidence are kept: today's, and yesterday's while a
+/// request of the day before is still served.
+const KEPT_EVIDENCE: usize = 2;
 
 /// Above this share of the kept rows' GPUs changed (and more than [`REREAD_FEW`]), the whole
 /// answer is read again: one read of all is cheaper than a list of most.
@@ -54,11 +71,46 @@ pub(crate) trait LiveRow: Send + Sync + 'static {
 
 /// The answers kept, the most recently used last; each behind its own lock, so a request
 /// brings an answer up to date while others wait for it, not read it again each.
-#[derive(Default)]
 pub(crate) struct Live {
+    /// How many answers are kept.
+    size: usize,
     kept: Mutex<VecDeque<(String, Slot)>>,
     /// Answers read whole, brought up to date by reading some GPUs again, served as kept.
     reads: [AtomicU64; 3],
+}
+
+/// Each kind of answer kept, apart, so that one kind never pushes another's out.
+pub(crate) struct Lives {
+    /// Today's per-GPU window rows (`Store::gpu_windows`).
+    pub(crate) today: Live,
+    /// The GPU lists (`Store::list_gpus`).
+    pub(crate) lists: Live,
+    /// Today's activity evidence (`Store::activity_evidence`).
+    pub(crate) evidence: Live,
+}
+
+impl Default for Lives {
+    fn default() -> Self {
+        let live = |size| Live {
+            size,
+            kept: Mutex::default(),
+            reads: Default::default(),
+        };
+        Lives {
+            today: live(KEPT_TODAY),
+            lists: live(KEPT_LISTS),
+            evidence: live(KEPT_EVIDENCE),
+        }
+    }
+}
+
+/// Which kind of kept answer [`Store::kept_reads`] counts.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptKind {
+    Today,
+    Lists,
+    Evidence,
 }
 
 /// One question's answer, behind the lock a request holds while it brings it up to date.
@@ -80,7 +132,7 @@ impl Live {
             kept.push_back(k);
             return slot;
         }
-        if kept.len() >= KEPT {
+        if kept.len() >= self.size {
             kept.pop_front();
         }
         let slot = Arc::new(tokio::sync::Mutex::new(None));
@@ -122,6 +174,7 @@ impl Store {
     /// order `order`. `question` must name everything else the answer depends on.
     pub(crate) async fn live_rows<T, F, Fut>(
         &self,
+        live: &Live,
         question: String,
         changed: &str,
         binds: &[i64],
@@ -133,7 +186,7 @@ impl Store {
         F: Fn(Option<Vec<i64>>) -> Fut,
         Fut: Future<Output = Result<Vec<T>>>,
     {
-        let slot = self.live.slot(&question);
+        let slot = live.slot(&question);
         let mut kept = slot.lock().await;
         // Nothing kept: only the watermark and generation, before the whole answer is read.
         let (ids, mark, generation) = match kept.as_ref() {
@@ -168,7 +221,7 @@ impl Store {
             Some(rows) if ids.len() <= REREAD_FEW || ids.len() * REREAD_SHARE <= rows.len() => 1,
             _ => 0,
         };
-        self.live.reads[how].fetch_add(1, Atomic::Relaxed);
+        live.reads[how].fetch_add(1, Atomic::Relaxed);
         let rows = match previous {
             Some(rows) if how == 2 => rows,
             Some(rows) if how == 1 => {
@@ -198,12 +251,33 @@ impl Store {
         Ok(rows)
     }
 
-    /// How many answers of today were read whole, brought up to date by reading some GPUs
-    /// again, and served as kept, since the store was opened (for tests).
+    /// How many answers of today's rows were read whole, brought up to date by reading some
+    /// GPUs again, and served as kept, since the store was opened (for tests).
     #[doc(hidden)]
     pub fn live_reads(&self) -> [u64; 3] {
-        let r = &self.live.reads;
+        self.kept_reads(KeptKind::Today)
+    }
+
+    /// As [`Store::live_reads`], for the kept answers of kind `kind` (for tests).
+    #[doc(hidden)]
+    pub fn kept_reads(&self, kind: KeptKind) -> [u64; 3] {
+        let r = &match kind {
+            KeptKind::Today => &self.live.today,
+            KeptKind::Lists => &self.live.lists,
+            KeptKind::Evidence => &self.live.evidence,
+        }
+        .reads;
         [0, 1, 2].map(|i| r[i].load(Atomic::Relaxed))
+    }
+
+    /// This store with nothing kept between requests (a handle of its own on the same
+    /// database), to compare kept answers with answers read whole (for tests).
+    #[doc(hidden)]
+    pub fn without_kept(&self) -> Store {
+        Store {
+            live: Default::default(),
+            ..self.clone()
+        }
     }
 
     /// The generation of the kept answers (for tests).

@@ -176,13 +176,17 @@ fn list_order(g: &GpuView) -> ListKey<'_> {
 }
 
 impl Store {
-    fn view(&self, rec: GpuRecord, now: i64) -> GpuView {
-        let stale = self.settings.stale_window_secs;
-        let state = if now - rec.last_seen.timestamp() < stale {
+    /// A GPU last seen at `last_seen` is present at `now` while within the stale window.
+    fn state_at(&self, last_seen: i64, now: i64) -> GpuState {
+        if now - last_seen < self.settings.stale_window_secs {
             GpuState::Present
         } else {
             GpuState::Missing
-        };
+        }
+    }
+
+    fn view(&self, rec: GpuRecord, now: i64) -> GpuView {
+        let state = self.state_at(rec.last_seen.timestamp(), now);
         GpuView {
             vendor: rec.vendor(),
             uuid: rec.uuid,
@@ -240,12 +244,66 @@ impl Store {
         brief: bool,
         now: DateTime<Utc>,
     ) -> Result<Vec<GpuView>> {
+        if !(self.keeps_live() && filters.is_empty()) {
+            let mut views: Vec<GpuView> = self
+                .listed_gpus(filters, include_mig, brief, None, now)
+                .await?
+                .into_iter()
+                .map(|r| r.view)
+                .collect();
+            views.sort_unstable_by(|a, b| list_order(a).cmp(&list_order(b)));
+            return Ok(views);
+        }
+        // The whole fleet's list is kept between requests (`crate::live`): each request reads
+        // again the GPUs whose row was written since (every push writes its GPUs' last seen).
+        let changed = format!(
+            "SELECT string_agg(CAST(g.id AS TEXT), ',') FROM gpus g WHERE {}",
+            live::written_since("g")
+        );
+        let rows = self
+            .live_rows(
+                &self.live.lists,
+                format!("GPU list with MIG {include_mig} brief {brief}"),
+                &changed,
+                &[],
+                |a: &ListedGpu, b: &ListedGpu| list_order(&a.view).cmp(&list_order(&b.view)),
+                |only| async move {
+                    self.listed_gpus(filters, include_mig, brief, only.as_deref(), now)
+                        .await
+                },
+            )
+            .await?;
+        // A kept GPU's state was told at its read: told again at this request's time.
+        let now = now.timestamp();
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let mut view = r.view.clone();
+                view.state = self.state_at(view.last_seen.timestamp(), now);
+                view
+            })
+            .collect())
+    }
+
+    /// The rows of [`Store::list_gpus_of`] as read from the database, in no order; of the GPUs
+    /// `only` alone where given (PostgreSQL only: they are written in place as an array).
+    async fn listed_gpus(
+        &self,
+        filters: &Filters,
+        include_mig: bool,
+        brief: bool,
+        only: Option<&[i64]>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ListedGpu>> {
         let (clause, binds) = filters.clause(1);
         let mig = if include_mig {
             ""
         } else {
             " AND g.mig_parent_uuid IS NULL"
         };
+        let only = only
+            .map(|ids| format!(" AND g.id = ANY({})", live::id_array(ids)))
+            .unwrap_or_default();
         // A list shows no attribute provenance and no holders: those two columns, most of a
         // record's bytes, are left unread.
         let mut columns = GPU_COLUMNS
@@ -258,7 +316,7 @@ impl Store {
                 .replace("g.owner_reason", "'' AS owner_reason")
                 .replace("g.labels", "'{}' AS labels");
         }
-        let inner = format!("SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{clause}");
+        let inner = format!("SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{only}{clause}");
         let wide: Vec<crate::wide::Col> = GPU_COLUMNS
             .split(", ")
             .map(|c| match c.trim() {
@@ -266,9 +324,9 @@ impl Store {
                 c => crate::wide::Col::Plain(c),
             })
             .collect();
-        // Ordered here rather than by the database: sorting 10,000 wide rows took SQLite a
-        // third of the read, and the order is then the same bytewise one on both backends
-        // whatever PostgreSQL's collation (no host, no PCI address first).
+        // Ordered by the caller rather than by the database: sorting 10,000 wide rows took
+        // SQLite a third of the read, and the order is then the same bytewise one on both
+        // backends whatever PostgreSQL's collation (no host, no PCI address first).
         let sql = self.wide_sql(&inner, &wide, "");
         let sql = self.sql(&sql);
         let mut q = sqlx::query_scalar(&sql).persistent(false);
@@ -277,12 +335,16 @@ impl Store {
         }
         let rows: Vec<GpuRow> = Self::wide_rows(q.fetch_one(self.pool()).await?)?;
         let now = now.timestamp();
-        let mut views: Vec<GpuView> = rows
+        Ok(rows
             .into_iter()
-            .map(|r| self.view(r.record().1, now))
-            .collect();
-        views.sort_unstable_by(|a, b| list_order(a).cmp(&list_order(b)));
-        Ok(views)
+            .map(|r| {
+                let (id, rec) = r.record();
+                ListedGpu {
+                    id,
+                    view: self.view(rec, now),
+                }
+            })
+            .collect())
     }
 
     /// One GPU (or MIG instance) as the lists show it.
@@ -699,6 +761,7 @@ impl Store {
         );
         let all = self
             .live_rows(
+                &self.live.today,
                 format!(
                     "today's window rows threshold {} until {hi} today {today}",
                     self.settings.idle_threshold_pct
@@ -1128,6 +1191,19 @@ struct WindowRow {
     /// The owner period's end, where read (the rows of today kept for every window).
     #[serde(default)]
     o_to: Option<i64>,
+}
+
+/// A GPU of a list with its id, as the list is kept (`crate::live`).
+#[derive(Clone)]
+pub(crate) struct ListedGpu {
+    id: i64,
+    view: GpuView,
+}
+
+impl LiveRow for ListedGpu {
+    fn gpu_id(&self) -> i64 {
+        self.id
+    }
 }
 
 impl LiveRow for WindowRow {
