@@ -280,12 +280,37 @@ impl SeriesPoint {
 /// hour, each GPU counted once, as the store sums its day rows. `None` when no GPU was present
 /// that day: the trend then has no point for it.
 pub fn day_point(start: DateTime<Utc>, windows: &[GpuWindow]) -> Option<SeriesPoint> {
+    day_point_of(start, windows)
+}
+
+/// [`day_point`] per group `by` (each window counts under its own key, so a GPU whose owner
+/// changed that day counts under each owner it had): the points of the groups with a GPU
+/// present, by key.
+pub fn day_points_by(
+    start: DateTime<Utc>,
+    windows: &[GpuWindow],
+    by: GroupBy,
+) -> Vec<(String, SeriesPoint)> {
+    let mut groups: BTreeMap<String, Vec<&GpuWindow>> = BTreeMap::new();
+    for w in windows {
+        groups.entry(w.key(by)).or_default().push(w);
+    }
+    groups
+        .into_iter()
+        .filter_map(|(k, ws)| day_point_of(start, ws).map(|p| (k, p)))
+        .collect()
+}
+
+fn day_point_of<'a>(
+    start: DateTime<Utc>,
+    windows: impl IntoIterator<Item = &'a GpuWindow>,
+) -> Option<SeriesPoint> {
     let mut p = SeriesPoint {
         start,
         ..Default::default()
     };
     let mut uuids = std::collections::HashSet::new();
-    for w in windows.iter().filter(|w| w.present_hours > 0) {
+    for w in windows.into_iter().filter(|w| w.present_hours > 0) {
         if uuids.insert(w.uuid.as_str()) {
             p.gpus += 1;
         }
@@ -460,6 +485,40 @@ mod tests {
         assert_eq!(
             (one[0].activity_sum, one[0].mem_max_mib),
             (201.0, Some(10.0))
+        );
+    }
+
+    #[test]
+    fn day_points_by_team_count_a_gpu_under_each_owner_and_leave_absent_groups_out() {
+        let start = DateTime::from_timestamp(1_796_256_000, 0).unwrap();
+        let gpu = |uuid: &str, w: GpuWindow| GpuWindow {
+            uuid: uuid.into(),
+            ..w
+        };
+        // GPU-1 moved from nlp to vision that day; GPU-2 stayed in nlp; GPU-3 (infra) was
+        // not present.
+        let rows = vec![
+            gpu("GPU-1", w("nlp", Some(2.0), 3, 3, 0, 150.0)),
+            gpu("GPU-1", w("vision", Some(2.0), 2, 1, 1, 51.0)),
+            gpu("GPU-2", w("nlp", None, 4, 0, 4, 0.0)),
+            gpu("GPU-3", w("infra", None, 0, 0, 0, 0.0)),
+        ];
+        let got: Vec<_> = day_points_by(start, &rows, GroupBy::Team)
+            .into_iter()
+            .map(|(k, p)| (k, p.start, p.gpus, p.gpu_hours, p.busy_hours, p.idle_hours))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("nlp".to_string(), start, 2, 7, 3, 4),
+                ("vision".to_string(), start, 1, 2, 1, 1)
+            ]
+        );
+        // Each team's point is the fleet's point of that team's rows.
+        let nlp: Vec<GpuWindow> = rows.iter().filter(|r| r.team == "nlp").cloned().collect();
+        assert_eq!(
+            day_points_by(start, &rows, GroupBy::Team)[0].1,
+            day_point(start, &nlp).unwrap()
         );
     }
 }

@@ -318,23 +318,35 @@ impl Store {
     /// point)` per day of the window and team, whose points add up (each day's) to the
     /// summary grouped by team. Whole days come from the group rollups; the days listed dirty,
     /// the split GPU-days and the edges from the per-GPU rows, as for the trend of one team.
+    /// Where the window runs to now ([`Store::shares_today`]) today's points are summed from
+    /// today's per-GPU rows (`ledger::summary::day_points_by`), which the summary reads too.
     pub async fn daily_series_by_team(
         &self,
         window: Window,
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<(String, SeriesPoint)>> {
-        self.split_at_today(
-            format!(
-                "daily series by team {filters:?} threshold {}",
-                self.settings.idle_threshold_pct
+        let share = Self::shares_today(window, now);
+        let (mut points, today) = tokio::try_join!(
+            self.split_at_today_with(
+                format!(
+                    "daily series by team {filters:?} threshold {}",
+                    self.settings.idle_threshold_pct
+                ),
+                window,
+                now,
+                |(_, p): &(String, SeriesPoint)| p.start.timestamp(),
+                |w| self.daily_series_by_team_read(w, filters, now),
+                share,
             ),
-            window,
-            now,
-            |(_, p): &(String, SeriesPoint)| p.start.timestamp(),
-            |w| self.daily_series_by_team_read(w, filters, now),
-        )
-        .await
+            self.todays_windows(window, filters, now),
+        )?;
+        points.extend(gpuledger_ledger::summary::day_points_by(
+            ts(day_floor(now.timestamp())),
+            &today,
+            gpuledger_ledger::GroupBy::Team,
+        ));
+        Ok(points)
     }
 
     /// [`Store::daily_series_by_team`] read at once.

@@ -254,25 +254,7 @@ impl Store {
             views.sort_unstable_by(|a, b| list_order(a).cmp(&list_order(b)));
             return Ok(views);
         }
-        // The whole fleet's list is kept between requests (`crate::live`): each request reads
-        // again the GPUs whose row was written since (every push writes its GPUs' last seen).
-        let changed = format!(
-            "SELECT string_agg(CAST(g.id AS TEXT), ',') FROM gpus g WHERE {}",
-            live::written_since("g")
-        );
-        let rows = self
-            .live_rows(
-                &self.live.lists,
-                format!("GPU list with MIG {include_mig} brief {brief}"),
-                &changed,
-                &[],
-                |a: &ListedGpu, b: &ListedGpu| list_order(&a.view).cmp(&list_order(&b.view)),
-                |only| async move {
-                    self.listed_gpus(filters, include_mig, brief, only.as_deref(), now)
-                        .await
-                },
-            )
-            .await?;
+        let rows = self.kept_list(include_mig, brief, now).await?;
         // A kept GPU's state was told at its read: told again at this request's time.
         let now = now.timestamp();
         Ok(rows
@@ -283,6 +265,36 @@ impl Store {
                 view
             })
             .collect())
+    }
+
+    /// The whole fleet's list of [`Store::list_gpus_of`] kept between requests
+    /// (`crate::live`; PostgreSQL only): each request reads again the GPUs whose row was
+    /// written since (every push writes its GPUs' last seen). Its GPUs' states are as of their
+    /// read.
+    async fn kept_list(
+        &self,
+        include_mig: bool,
+        brief: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Arc<Vec<ListedGpu>>> {
+        let changed = format!(
+            "SELECT string_agg(CAST(g.id AS TEXT), ',') FROM gpus g WHERE {}",
+            live::written_since("g")
+        );
+        let all = Filters::default();
+        let all = &all;
+        self.live_rows(
+            &self.live.lists,
+            format!("GPU list with MIG {include_mig} brief {brief}"),
+            &changed,
+            &[],
+            |a: &ListedGpu, b: &ListedGpu| list_order(&a.view).cmp(&list_order(&b.view)),
+            |only| async move {
+                self.listed_gpus(all, include_mig, brief, only.as_deref(), now)
+                    .await
+            },
+        )
+        .await
     }
 
     /// The rows of [`Store::list_gpus_of`] as read from the database, in no order; of the GPUs
@@ -647,6 +659,33 @@ impl Store {
             out.push(w);
         }
         Ok((out, today_rows))
+    }
+
+    /// The rows of today alone of [`Store::gpu_windows_split`] (owner periods apart, no peak
+    /// memory) where the window shares them ([`Store::shares_today`]), else none: today's part
+    /// of a read of the same filters up to now, summed from the rows every page reads (kept
+    /// between requests on PostgreSQL) rather than read again.
+    pub(crate) async fn todays_windows(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<GpuWindow>> {
+        if !Self::shares_today(window, now) {
+            return Ok(Vec::new());
+        }
+        let today = day_floor(now.timestamp());
+        let (lo, hi) = window.hours(now.timestamp());
+        let live = self.window_today(lo, hi, today, filters, false).await?;
+        Ok(live
+            .iter()
+            .filter(|r| r.present.unwrap_or(0) > 0)
+            .map(|r| {
+                let mut t = r.clone().window(None);
+                t.mem_max_mib = None;
+                t
+            })
+            .collect())
     }
 
     /// The SQL of [`Store::gpu_windows`]' counts: the binds, the CTEs, then one row per GPU
@@ -1929,7 +1968,8 @@ impl Store {
     }
 
     /// The rates of the physical GPUs matching `filters` and every GPU's present hours in
-    /// `[lo, hi)`. With `ends_now` (whether the window ends now, and today), whole days from
+    /// `[lo, hi)`. The whole fleet's rates, with `ends_now`, are those of its kept list on
+    /// PostgreSQL (`Store::kept_list`). With `ends_now` (whether the window ends now, and today), whole days from
     /// the day rows' running totals (two rows per GPU) and the edges as
     /// [`running_window_rows`] reads them, the part before today kept while its days stay as
     /// they are (`crate::settled`) and today's part read each time ([`Store::present_today`]);
@@ -1942,26 +1982,16 @@ impl Store {
         filters: &Filters,
         ends_now: Option<(bool, i64)>,
     ) -> Result<(HashMap<i64, Option<f64>>, Vec<(i64, i64)>)> {
-        let (clause, binds) = filters.clause(1);
-        use crate::wide::Col::{Plain, Real};
-        let sql = self.wide_sql(
-            &format!(
-                "SELECT g.id AS id, g.usd_per_hour AS rate FROM gpus g \
-                 WHERE g.mig_parent_uuid IS NULL{clause}"
-            ),
-            &[Plain("id"), Real("rate")],
-            "",
-        );
-        let sql = self.sql(&sql);
-        let mut q = sqlx::query_scalar(&sql).persistent(false);
-        for b in binds {
-            q = q.bind(b);
-        }
-        let rates: HashMap<i64, Option<f64>> =
-            Self::wide_rows::<RateRow>(q.fetch_one(self.pool()).await?)?
-                .into_iter()
-                .map(|r| (r.0, r.1))
-                .collect();
+        let rates = if ends_now.is_some() && self.keeps_live() && filters.is_empty() {
+            // The whole fleet's rates are those of its kept list of physical GPUs.
+            self.kept_list(false, true, Utc::now())
+                .await?
+                .iter()
+                .map(|r| (r.id, r.view.usd_per_hour))
+                .collect()
+        } else {
+            self.rates_of(filters).await?
+        };
         let present = match ends_now {
             Some((_, today)) if lo < today && today < hi => {
                 let kept = self
@@ -1980,6 +2010,29 @@ impl Store {
             _ => self.present_rows(lo, hi, ends_now.map(|(e, _)| e)).await?,
         };
         Ok((rates, present))
+    }
+
+    /// The rates of the physical GPUs matching `filters`, by GPU id.
+    async fn rates_of(&self, filters: &Filters) -> Result<HashMap<i64, Option<f64>>> {
+        let (clause, binds) = filters.clause(1);
+        use crate::wide::Col::{Plain, Real};
+        let sql = self.wide_sql(
+            &format!(
+                "SELECT g.id AS id, g.usd_per_hour AS rate FROM gpus g \
+                 WHERE g.mig_parent_uuid IS NULL{clause}"
+            ),
+            &[Plain("id"), Real("rate")],
+            "",
+        );
+        let sql = self.sql(&sql);
+        let mut q = sqlx::query_scalar(&sql).persistent(false);
+        for b in binds {
+            q = q.bind(b);
+        }
+        Ok(Self::wide_rows::<RateRow>(q.fetch_one(self.pool()).await?)?
+            .into_iter()
+            .map(|r| (r.0, r.1))
+            .collect())
     }
 
     /// Every GPU's present hours in `[lo, hi)` as [`Store::used_by_inputs`] reads them, at

@@ -3166,8 +3166,9 @@ async fn todays_kept_counts_follow_every_write(store: Store) {
 }
 
 /// The GPU lists (with MIG instances, without, brief) and the activity evidence, which
-/// PostgreSQL keeps between requests (`live` in the store), equal the same read whole by a
-/// handle with nothing kept, with and without a filter.
+/// PostgreSQL keeps between requests (`live` in the store), and used-by, which reads its rates
+/// from the kept list, equal the same read whole by a handle with nothing kept, with and
+/// without a filter.
 async fn assert_kept_lists_match(store: &Store, now: DateTime<Utc>, at: &str) {
     let fresh = store.without_kept();
     let infra = Filters {
@@ -3189,6 +3190,14 @@ async fn assert_kept_lists_match(store: &Store, now: DateTime<Utc>, at: &str) {
         kept.sort_by(|a, b| a.0.cmp(&b.0));
         read.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(kept, read, "{at}: activity evidence, {filters:?}");
+        // Used-by, whose rates come from the kept list.
+        let w = Window {
+            from: now.timestamp() - 3 * 86_400,
+            to: now.timestamp(),
+        };
+        let kept = store.used_by_cost(w, &filters, now).await.unwrap();
+        let read = fresh.used_by_cost(w, &filters, now).await.unwrap();
+        assert_eq!(kept, read, "{at}: used-by, {filters:?}");
     }
 }
 
@@ -5280,6 +5289,31 @@ async fn overview_reads_today_once_with_the_same_figures(store: Store) {
                         store.forecast_total(&filters, now()).await.unwrap(),
                     );
                     assert_close_debug(&one, &apart, &at);
+                    if daily {
+                        // The trend per team (today's points summed from the shared rows
+                        // where the window runs to now): each team's points are the trend
+                        // filtered to that team.
+                        let by_team = store
+                            .daily_series_by_team(w, &filters, now())
+                            .await
+                            .unwrap();
+                        let mut teams: Vec<&String> = by_team.iter().map(|(t, _)| t).collect();
+                        teams.dedup();
+                        teams.sort();
+                        teams.dedup();
+                        assert!(!teams.is_empty() || filters.model.len() == 1, "{at}");
+                        for team in teams {
+                            let mine: Vec<_> = by_team
+                                .iter()
+                                .filter(|(t, _)| t == team)
+                                .map(|(_, p)| p.clone())
+                                .collect();
+                            let mut only = filters.clone();
+                            only.team = vec![team.clone()];
+                            let series = store.series(w, &only, true, now()).await.unwrap();
+                            assert_close_debug(&mine, &series, &format!("{at}: team {team}"));
+                        }
+                    }
                     let today = t("2026-12-02T00:00:00Z");
                     if daily && w.to >= now().timestamp() && w.from < today.timestamp() {
                         // Today's point is there, summed from the shared rows.
