@@ -1840,11 +1840,14 @@ macro_rules! by_end {
 
 // `+h.hour` in the hour joins below: the window (`$1`, `$2`) bounds the scan of a GPU's
 // hours, not the allocation's own span, which may be months long. A workload two sources
-// report counts once, for the team one of them names (`MAX`: `''`, none, sorts first).
+// report counts once, for the team one of them names (`MAX`: `''`, none, sorts first). `a` is
+// materialized: expecting a row or two of hours (those ahead of the clock, which used-by
+// leaves out of today's day rows), PostgreSQL joined every open allocation with each hour
+// before keeping the hour's GPU, 1.7 s at 100,350 GPUs against 0.2.
 macro_rules! held_sql {
     ($from:expr, $gpus:expr, $hours:expr) => {
         concat!(
-            "WITH a AS (\
+            "WITH a AS MATERIALIZED (\
                SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
                COALESCE(al.team, '') AS team ",
             $from,
