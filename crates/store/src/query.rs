@@ -641,12 +641,8 @@ impl Store {
         let mut out = Vec::with_capacity(live.len());
         let mut today_rows = Vec::new();
         for r in live.iter() {
-            if keep_today && r.present.unwrap_or(0) > 0 {
-                let mut t = r.clone().window(None);
-                if !with_mem {
-                    t.mem_max_mib = None;
-                }
-                today_rows.push(t);
+            if keep_today {
+                today_rows.extend(r.today(with_mem));
             }
             let c = by_period.get(&(r.gpu_id, r.o_from)).copied();
             let mut w = r.clone().window(c);
@@ -677,15 +673,7 @@ impl Store {
         let today = day_floor(now.timestamp());
         let (lo, hi) = window.hours(now.timestamp());
         let live = self.window_today(lo, hi, today, filters, false).await?;
-        Ok(live
-            .iter()
-            .filter(|r| r.present.unwrap_or(0) > 0)
-            .map(|r| {
-                let mut t = r.clone().window(None);
-                t.mem_max_mib = None;
-                t
-            })
-            .collect())
+        Ok(live.iter().filter_map(|r| r.today(false)).collect())
     }
 
     /// The SQL of [`Store::gpu_windows`]' counts: the binds, the CTEs, then one row per GPU
@@ -1262,6 +1250,19 @@ impl WindowRow {
 
     /// The row as a [`GpuWindow`], its counts added to `kept` (the same GPU and owner period's
     /// counts before today) where given; the peak memory is the higher of the two.
+    /// The row's counts of today alone as a [`GpuWindow`] (peak memory only `with_mem`);
+    /// `None` where the GPU was not present today.
+    fn today(&self, with_mem: bool) -> Option<GpuWindow> {
+        if self.present.unwrap_or(0) <= 0 {
+            return None;
+        }
+        let mut t = self.clone().window(None);
+        if !with_mem {
+            t.mem_max_mib = None;
+        }
+        Some(t)
+    }
+
     fn window(self, kept: Option<&CountsRow>) -> GpuWindow {
         let int = |own: Option<i64>, kept_of: fn(&CountsRow) -> i64| {
             own.unwrap_or(0) + kept.map(kept_of).unwrap_or(0)
