@@ -8,7 +8,7 @@ use sqlx::Row;
 
 pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
-use gpuledger_model::{day_floor, DAY_SECS};
+use gpuledger_model::{day_floor, Summary, DAY_SECS};
 
 use crate::groups::{CLEAN_DAYS, CLEAN_HOURS, DIRTY_HOUR_RANGES};
 use crate::query::{held_idle, Window, SPLIT_DAYS};
@@ -326,27 +326,90 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<(String, SeriesPoint)>> {
-        let share = Self::shares_today(window, now);
         let (mut points, today) = tokio::try_join!(
-            self.split_at_today_with(
-                format!(
-                    "daily series by team {filters:?} threshold {}",
-                    self.settings.idle_threshold_pct
-                ),
-                window,
-                now,
-                |(_, p): &(String, SeriesPoint)| p.start.timestamp(),
-                |w| self.daily_series_by_team_read(w, filters, now),
-                share,
-            ),
+            self.daily_series_by_team_before(window, filters, now),
             self.todays_windows(window, filters, now),
         )?;
+        Self::add_todays_points_by_team(&mut points, &today, now);
+        Ok(points)
+    }
+
+    /// What the Teams page reads: the summary by team over `window` ([`Store::summary`]) and
+    /// the daily trend per team ([`Store::daily_series_by_team`]) over each of `weeks`, with
+    /// the same figures. Today's per-GPU rows are read once for all of them that run to now
+    /// ([`Store::shares_today`]: each such read has the same rows of today), with the
+    /// summary's windows where it runs to now too.
+    pub async fn summary_and_series_by_team(
+        &self,
+        window: Window,
+        weeks: [Window; 2],
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<(Summary, [Vec<(String, SeriesPoint)>; 2])> {
+        let shares = weeks.map(|w| Self::shares_today(w, now));
+        // Where the summary's window does not run to now, a week that does reads its own.
+        let own_today = async {
+            match weeks.iter().zip(shares).find(|(_, s)| *s) {
+                Some((w, _)) if !Self::shares_today(window, now) => {
+                    self.todays_windows(*w, filters, now).await
+                }
+                _ => Ok(Vec::new()),
+            }
+        };
+        let ((windows, summary_today), mut this, mut last, own) = tokio::try_join!(
+            self.gpu_windows_split(window, filters, now, false, true),
+            self.daily_series_by_team_before(weeks[0], filters, now),
+            self.daily_series_by_team_before(weeks[1], filters, now),
+            own_today,
+        )?;
+        let today = if Self::shares_today(window, now) {
+            summary_today
+        } else {
+            own
+        };
+        for (points, share) in [&mut this, &mut last].into_iter().zip(shares) {
+            if share {
+                Self::add_todays_points_by_team(points, &today, now);
+            }
+        }
+        let summary = self.summary_of(&windows, window, gpuledger_ledger::GroupBy::Team, now);
+        Ok((summary, [this, last]))
+    }
+
+    /// Today's points of the daily trend per team, summed from today's per-GPU rows `today`
+    /// (none where the window does not run to now).
+    fn add_todays_points_by_team(
+        points: &mut Vec<(String, SeriesPoint)>,
+        today: &[gpuledger_ledger::GpuWindow],
+        now: DateTime<Utc>,
+    ) {
         points.extend(gpuledger_ledger::summary::day_points_by(
             ts(day_floor(now.timestamp())),
-            &today,
+            today,
             gpuledger_ledger::GroupBy::Team,
         ));
-        Ok(points)
+    }
+
+    /// [`Store::daily_series_by_team`] without today's points where the window runs to now
+    /// ([`Store::shares_today`]; the caller sums them from today's per-GPU rows).
+    async fn daily_series_by_team_before(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, SeriesPoint)>> {
+        self.split_at_today_with(
+            format!(
+                "daily series by team {filters:?} threshold {}",
+                self.settings.idle_threshold_pct
+            ),
+            window,
+            now,
+            |(_, p): &(String, SeriesPoint)| p.start.timestamp(),
+            |w| self.daily_series_by_team_read(w, filters, now),
+            Self::shares_today(window, now),
+        )
+        .await
     }
 
     /// [`Store::daily_series_by_team`] read at once.

@@ -5290,6 +5290,37 @@ async fn overview_reads_today_once_with_the_same_figures(store: Store) {
                     );
                     assert_close_debug(&one, &apart, &at);
                     if daily {
+                        // The Teams page's reads at once (today's rows read once for all that
+                        // run to now) give each read's figures, against a window that runs
+                        // to now and one that may not.
+                        let next =
+                            windows[(windows.iter().position(|x| *x == (from, to)).unwrap() + 1)
+                                % windows.len()];
+                        for other in [next, (from, to)] {
+                            let w2 = hours_window(other.0, other.1);
+                            let at = format!("{at} with {other:?}");
+                            let once = store
+                                .summary_and_series_by_team(w, [w2, w], &filters, now())
+                                .await
+                                .unwrap();
+                            let apart = (
+                                store
+                                    .summary(w, &filters, GroupBy::Team, now())
+                                    .await
+                                    .unwrap(),
+                                [
+                                    store
+                                        .daily_series_by_team(w2, &filters, now())
+                                        .await
+                                        .unwrap(),
+                                    store
+                                        .daily_series_by_team(w, &filters, now())
+                                        .await
+                                        .unwrap(),
+                                ],
+                            );
+                            assert_close_debug(&once, &apart, &at);
+                        }
                         // The trend per team (today's points summed from the shared rows
                         // where the window runs to now): each team's points are the trend
                         // filtered to that team.

@@ -59,11 +59,10 @@ pub async fn teams(State(state): State<AppState>, page: Page) -> Result<Response
     );
     // Week over week needs only each team's activity: its daily trend per team, folded, reads
     // whole days from the group rollups where two summaries read every GPU.
-    let (owned, used, wk, prev) = tokio::try_join!(
-        store.summary(window, &p.filters, GroupBy::Team, now),
+    // Today's per-GPU rows are read once for the summary and this week's trend.
+    let ((owned, [wk, prev]), used) = tokio::try_join!(
+        store.summary_and_series_by_team(window, [this_week, last_week], &p.filters, now),
         store.used_by_cost(window, &p.filters, now),
-        store.daily_series_by_team(this_week, &p.filters, now),
-        store.daily_series_by_team(last_week, &p.filters, now),
     )?;
     let by_team = |days: Vec<(String, SeriesPoint)>| {
         let mut out: BTreeMap<String, SeriesPoint> = BTreeMap::new();
