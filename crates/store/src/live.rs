@@ -19,7 +19,10 @@
 //! watermark modulo 2^32, as PostgreSQL compares them itself: a live row is never older than
 //! two billion transactions. A writing transaction that runs long holds the watermark back:
 //! until it ends, each request reads again every GPU written since it began (read whole once
-//! they are more than a quarter of the fleet).
+//! they are more than a quarter of the fleet). Where no transaction has ended since the kept
+//! answer's snapshot (the current snapshot is the same, as text), nothing can have changed and
+//! the list is not read: the several reads of a page, and the pages opened between two pushes,
+//! scan once.
 //!
 //! What a row's writer cannot show, the database marks in `meta.live_gen` (migration 22): a
 //! removed day, hour, GPU or owner period, a new GPU or owner period, a change of the GPU
@@ -75,8 +78,9 @@ pub(crate) struct Live {
     /// How many answers are kept.
     size: usize,
     kept: Mutex<VecDeque<(String, Slot)>>,
-    /// Answers read whole, brought up to date by reading some GPUs again, served as kept.
-    reads: [AtomicU64; 3],
+    /// Answers read whole, brought up to date by reading some GPUs again, served as kept;
+    /// and of those served as kept, those served without a scan for what changed.
+    reads: [AtomicU64; 4],
 }
 
 /// Each kind of answer kept, apart, so that one kind never pushes another's out.
@@ -119,6 +123,9 @@ type Slot = Arc<tokio::sync::Mutex<Option<Kept>>>;
 struct Kept {
     watermark: i64,
     generation: i64,
+    /// The snapshot the watermark was taken from, as text: while the database's current one
+    /// is the same, no transaction has ended since, so nothing can have changed.
+    snapshot: String,
     rows: Arc<dyn std::any::Any + Send + Sync>,
 }
 
@@ -156,9 +163,11 @@ pub(crate) fn id_array(ids: &[i64]) -> String {
     format!("CAST('{{{}}}' AS BIGINT[])", list.join(","))
 }
 
-/// The watermark and generation, read after `changed`'s list (the same statement's snapshot).
+/// The watermark, generation and snapshot, read after `changed`'s list (the same
+/// statement's snapshot).
 const MARK: &str = "CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT), \
-     COALESCE((SELECT CAST(value AS BIGINT) FROM meta WHERE key = 'live_gen'), 0)";
+     COALESCE((SELECT CAST(value AS BIGINT) FROM meta WHERE key = 'live_gen'), 0), \
+     CAST(pg_current_snapshot() AS TEXT)";
 
 impl Store {
     /// Whether answers of today are kept on this backend.
@@ -189,24 +198,32 @@ impl Store {
         let slot = live.slot(&question);
         let mut kept = slot.lock().await;
         // Nothing kept: only the watermark and generation, before the whole answer is read.
-        let (ids, mark, generation) = match kept.as_ref() {
+        // Kept: the GPUs changed since, unless the snapshot is the kept one (no transaction
+        // has ended since it was taken, so none is listed and the scan is skipped: PostgreSQL
+        // runs a subquery of a branch not taken never).
+        let (ids, mark, generation, snapshot) = match kept.as_ref() {
             None => {
                 let sql = format!("SELECT CAST(NULL AS TEXT), {MARK}");
-                sqlx::query_as::<_, (Option<String>, i64, i64)>(&sql)
+                sqlx::query_as::<_, (Option<String>, i64, i64, String)>(&sql)
                     .fetch_one(self.pool())
                     .await?
             }
             Some(k) => {
-                let sql = format!("SELECT ({changed}), {MARK}");
-                let mut q = sqlx::query_as::<_, (Option<String>, i64, i64)>(&sql)
+                let sql = format!(
+                    "SELECT CASE WHEN CAST(pg_current_snapshot() AS TEXT) = ${} THEN NULL \
+                     ELSE ({changed}) END, {MARK}",
+                    binds.len() + 2
+                );
+                let mut q = sqlx::query_as::<_, (Option<String>, i64, i64, String)>(&sql)
                     .persistent(false)
                     .bind(k.watermark.rem_euclid(1 << 32));
                 for b in binds {
                     q = q.bind(*b);
                 }
-                q.fetch_one(self.pool()).await?
+                q.bind(k.snapshot.clone()).fetch_one(self.pool()).await?
             }
         };
+        let unscanned = kept.as_ref().is_some_and(|k| k.snapshot == snapshot);
         let previous = kept
             .take()
             .filter(|k| k.generation == generation)
@@ -222,6 +239,9 @@ impl Store {
             _ => 0,
         };
         live.reads[how].fetch_add(1, Atomic::Relaxed);
+        if how == 2 && unscanned {
+            live.reads[3].fetch_add(1, Atomic::Relaxed);
+        }
         let rows = match previous {
             Some(rows) if how == 2 => rows,
             Some(rows) if how == 1 => {
@@ -246,28 +266,24 @@ impl Store {
         *kept = Some(Kept {
             watermark: mark,
             generation,
+            snapshot,
             rows: Arc::clone(&rows) as Arc<dyn std::any::Any + Send + Sync>,
         });
         Ok(rows)
     }
 
-    /// How many answers of today's rows were read whole, brought up to date by reading some
-    /// GPUs again, and served as kept, since the store was opened (for tests).
+    /// How many answers of kind `kind` were read whole, brought up to date by reading some
+    /// GPUs again, and served as kept since the store was opened; and of those served as
+    /// kept, how many without a scan for what changed (for tests).
     #[doc(hidden)]
-    pub fn live_reads(&self) -> [u64; 3] {
-        self.kept_reads(KeptKind::Today)
-    }
-
-    /// As [`Store::live_reads`], for the kept answers of kind `kind` (for tests).
-    #[doc(hidden)]
-    pub fn kept_reads(&self, kind: KeptKind) -> [u64; 3] {
+    pub fn kept_reads(&self, kind: KeptKind) -> [u64; 4] {
         let r = &match kind {
             KeptKind::Today => &self.live.today,
             KeptKind::Lists => &self.live.lists,
             KeptKind::Evidence => &self.live.evidence,
         }
         .reads;
-        [0, 1, 2].map(|i| r[i].load(Atomic::Relaxed))
+        [0, 1, 2, 3].map(|i| r[i].load(Atomic::Relaxed))
     }
 
     /// This store with nothing kept between requests (a handle of its own on the same
