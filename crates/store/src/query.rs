@@ -1823,19 +1823,34 @@ pub(crate) fn held_idle(by_end: bool) -> &'static str {
 // The allocations overlapping `[$1, $2)`, two ways: GPU by GPU, those started before `$2`
 // (`allocations_gpu_start`), few for a window far back and every allocation each GPU had for
 // one near now; or by when they end (`allocations_end`, an open one at the end of time), few
-// near now and all of them far back. CROSS JOIN makes SQLite read the allocations first.
+// near now and all of them far back. By end, SQLite reads the allocations first (the left
+// side of a LEFT JOIN). Either way an allocation on a MIG instance finds its physical GPU in `m`, the MIG instances
+// alone (`gpus_parent`), rather than by a read of every GPU's row: at 100,000 GPUs on
+// PostgreSQL that read was 100 ms of the 450 of the hours ahead of the clock. (No GPU's
+// allocations outlive it, `Store::delete_gpu`.)
+macro_rules! mig_parents {
+    () => {
+        "LEFT JOIN (SELECT c.id, p.id AS parent FROM gpus c JOIN gpus p \
+           ON p.uuid = c.mig_parent_uuid WHERE c.mig_parent_uuid IS NOT NULL) m \
+           ON m.id = al.gpu_id "
+    };
+}
 macro_rules! by_start {
     () => {
-        "FROM allocations al JOIN gpus c ON c.id = al.gpu_id \
-         LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-         WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)"
+        concat!(
+            "FROM allocations al JOIN gpus c ON c.id = al.gpu_id ",
+            mig_parents!(),
+            "WHERE al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1)"
+        )
     };
 }
 macro_rules! by_end {
     () => {
-        "FROM allocations al CROSS JOIN gpus c LEFT JOIN gpus p ON p.uuid = c.mig_parent_uuid \
-         WHERE c.id = al.gpu_id AND COALESCE(al.end_ts, 9223372036854775807) > $1 \
-         AND al.start_ts < $2"
+        concat!(
+            "FROM allocations al ",
+            mig_parents!(),
+            "WHERE COALESCE(al.end_ts, 9223372036854775807) > $1 AND al.start_ts < $2"
+        )
     };
 }
 
@@ -1849,7 +1864,7 @@ macro_rules! held_sql {
     ($from:expr, $gpus:expr, $hours:expr) => {
         concat!(
             "WITH a AS MATERIALIZED (\
-               SELECT COALESCE(p.id, c.id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
+               SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id, al.start_ts, al.end_ts, al.workload, al.kind, \
                COALESCE(al.team, '') AS team ",
             $from,
             $gpus,
@@ -1870,7 +1885,7 @@ const HELD_BY_END: &str = held_sql!(by_end!(), "", "");
 // are walked hour by hour.
 macro_rules! idle_gpus {
     () => {
-        " AND COALESCE(p.id, c.id) IN (SELECT gpu_id FROM gpu_days WHERE day >= $1 - ($1 % 86400) \
+        " AND COALESCE(m.parent, al.gpu_id) IN (SELECT gpu_id FROM gpu_days WHERE day >= $1 - ($1 % 86400) \
          AND day < $2 AND allocated_idle_hours > 0)"
     };
 }
