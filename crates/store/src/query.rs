@@ -2086,7 +2086,23 @@ impl Store {
     /// Every GPU's present hours from midnight `today` to the clock hour `hi` (at most a day
     /// later): today's day row less its hours from `hi` on (those ahead of the clock), one row
     /// per GPU, rather than every hour of the day so far. GPUs with none are left out.
+    ///
+    /// On PostgreSQL, from today's per-GPU rows the pages keep (`crate::live`), physical GPUs
+    /// alone (the only ones used-by prices): each owner period's present hours of today, the
+    /// same day row less the same hours, summed per GPU.
     async fn present_today(&self, today: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
+        if self.keeps_live() && hi > today {
+            let rows = self
+                .window_today(0, hi, today, &Filters::default(), false)
+                .await?;
+            let mut by_gpu: BTreeMap<i64, i64> = BTreeMap::new();
+            for r in rows.iter() {
+                if let Some(n) = r.present.filter(|n| *n > 0) {
+                    *by_gpu.entry(r.gpu_id).or_default() += n;
+                }
+            }
+            return Ok(by_gpu.into_iter().collect());
+        }
         use crate::wide::Col::Plain;
         let sql = self.wide_sql(
             "SELECT d.gpu_id, d.present_hours - COALESCE(a.n, 0) AS n FROM gpu_days d \
