@@ -200,7 +200,7 @@ impl Store {
         // Nothing kept: only the watermark and generation, before the whole answer is read.
         // Kept: the GPUs changed since, unless the snapshot is the kept one (no transaction
         // has ended since it was taken, so none is listed and the scan is skipped: PostgreSQL
-        // runs a subquery of a branch not taken never).
+        // never runs the subquery of a CASE branch not taken).
         let (ids, mark, generation, snapshot) = match kept.as_ref() {
             None => {
                 let sql = format!("SELECT CAST(NULL AS TEXT), {MARK}");

@@ -1824,10 +1824,10 @@ pub(crate) fn held_idle(by_end: bool) -> &'static str {
 // (`allocations_gpu_start`), few for a window far back and every allocation each GPU had for
 // one near now; or by when they end (`allocations_end`, an open one at the end of time), few
 // near now and all of them far back. By end, SQLite reads the allocations first (the left
-// side of a LEFT JOIN). Either way an allocation on a MIG instance finds its physical GPU in `m`, the MIG instances
-// alone (`gpus_parent`), rather than by a read of every GPU's row: at 100,000 GPUs on
-// PostgreSQL that read was 100 ms of the 450 of the hours ahead of the clock. (No GPU's
-// allocations outlive it, `Store::delete_gpu`.)
+// side of a LEFT JOIN). Either way an allocation on a MIG instance finds its physical GPU in
+// `m`, the MIG instances alone (`gpus_parent`), rather than by a read of every GPU's row: at
+// 100,000 GPUs on PostgreSQL that read was 100 ms of the 450 of the hours ahead of the
+// clock. (No GPU's allocations outlive it, `Store::delete_gpu`.)
 macro_rules! mig_parents {
     () => {
         "LEFT JOIN (SELECT c.id, p.id AS parent FROM gpus c JOIN gpus p \
