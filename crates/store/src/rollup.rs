@@ -127,24 +127,63 @@ pub(crate) const ALLOCATED: &str = "CASE WHEN EXISTS (SELECT 1 FROM allocations 
      AND a.start_ts < gpu_hours.hour + 3600 AND (a.end_ts IS NULL OR a.end_ts > gpu_hours.hour)) \
      THEN 1 ELSE 0 END";
 
+/// The allocations of the GPUs `$ids` (SQL giving GPU ids) overlapping the hours `[$lo, $hi)`,
+/// as the CTE `a (gid, start_ts, end_ts)`: the GPU's own, and its MIG instances' under the GPU.
+/// Materialized: on PostgreSQL, tables not yet analyzed during a bulk load made the planner
+/// join every allocation of the range with every hour of it.
+macro_rules! allocations_over {
+    ($ids:literal, $lo:literal, $hi:literal) => {
+        concat!(
+            "a AS MATERIALIZED (\
+               SELECT al.gpu_id AS gid, al.start_ts, al.end_ts FROM allocations al \
+               WHERE al.gpu_id IN (",
+            $ids,
+            ") AND al.start_ts < ",
+            $hi,
+            " AND (al.end_ts IS NULL OR al.end_ts > ",
+            $lo,
+            ") UNION ALL \
+               SELECT q.id, al.start_ts, al.end_ts FROM gpus q JOIN gpus m ON m.mig_parent_uuid = q.uuid \
+               JOIN allocations al ON al.gpu_id = m.id WHERE q.id IN (",
+            $ids,
+            ") AND al.start_ts < ",
+            $hi,
+            " AND (al.end_ts IS NULL OR al.end_ts > ",
+            $lo,
+            "))"
+        )
+    };
+}
+
+/// The hour rows of the CTE `$r` (`gpu_id`, `hour`) that [`ALLOCATED`] flags, as the CTE
+/// `f (gpu_id, hour)`, from the allocations `a` of [`allocations_over!`], which must cover
+/// their hours. A join on the GPU: asked per row (`EXISTS` in the select list), each row read
+/// every allocation of `a`, twice the time of the statement it went into ([`ROLL_HOURS`]).
+macro_rules! allocated_rows {
+    ($r:literal) => {
+        concat!(
+            "f AS (SELECT DISTINCT x.gpu_id, x.hour FROM ",
+            $r,
+            " x JOIN a ON a.gid = x.gpu_id AND a.start_ts < x.hour + 3600 \
+             AND (a.end_ts IS NULL OR a.end_ts > x.hour))"
+        )
+    };
+}
+
 /// The hours of GPUs `IDS` in `[$1, $2)` that [`ALLOCATED`] flags, as `s (gid, hr)`, driven
-/// from the allocations overlapping the range (`a`: the GPU's own, and its MIG instances' under
-/// the GPU): each reads its own hours by key. [`ALLOCATED`] asks every hour for its
-/// allocations, and reads all earlier allocations of the GPU to answer, so a GPU's re-roll grew
-/// with its history. Both are materialized: on PostgreSQL, tables not yet analyzed during a
-/// bulk load made the planner join every allocation of the range with every hour of it.
+/// from the allocations overlapping the range (`a`, [`allocations_over!`]): each reads its own
+/// hours by key. [`ALLOCATED`] asks every hour for its allocations, and reads all earlier
+/// allocations of the GPU to answer, so a GPU's re-roll grew with its history. Both are
+/// materialized (see [`allocations_over!`]).
 macro_rules! allocated_hours {
     () => {
-        "WITH a AS MATERIALIZED (\
-           SELECT al.gpu_id AS gid, al.start_ts, al.end_ts FROM allocations al \
-           WHERE al.gpu_id IN (IDS) AND al.start_ts < $2 AND (al.end_ts IS NULL OR al.end_ts > $1) \
-           UNION ALL \
-           SELECT q.id, al.start_ts, al.end_ts FROM gpus q JOIN gpus m ON m.mig_parent_uuid = q.uuid \
-           JOIN allocations al ON al.gpu_id = m.id WHERE q.id IN (IDS) AND al.start_ts < $2 \
-           AND (al.end_ts IS NULL OR al.end_ts > $1)), \
-         s AS MATERIALIZED (SELECT h.gpu_id AS gid, h.hour AS hr \
-         FROM a CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.hour >= $1 AND h.hour < $2 \
-         AND h.hour > a.start_ts - 3600 AND (a.end_ts IS NULL OR h.hour < a.end_ts))"
+        concat!(
+            "WITH ",
+            allocations_over!("IDS", "$1", "$2"),
+            ", s AS MATERIALIZED (SELECT h.gpu_id AS gid, h.hour AS hr \
+             FROM a CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.hour >= $1 AND h.hour < $2 \
+             AND h.hour > a.start_ts - 3600 AND (a.end_ts IS NULL OR h.hour < a.end_ts))"
+        )
     };
 }
 
@@ -277,6 +316,34 @@ const ADD_HOURS: &str = "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, ac
      power_n = gpu_hours.power_n + excluded.power_n, evidence = 0 \
      RETURNING gpu_id, hour, samples, allocated, \
      CASE WHEN act_n = 0 OR mem_max IS NULL THEN 1 ELSE 0 END, act_n, act_sum, mem_max";
+
+/// The hours of GPUs `IDS` in `[$1, $2)` rolled again from all their samples. A new row is
+/// written with its allocated flag ([`ALLOCATED`]), so [`FLAG_ALLOCATED`] finds it right and
+/// does not write it again; a stored one keeps its own, which [`FLAG_ALLOCATED`] sets where
+/// the allocations changed. Each write of a row is a new row version on PostgreSQL, with an
+/// entry in every index of the hour rollups until vacuum: a history loaded a day a push wrote
+/// most of its allocated hours twice. (A new row [`ADD_HOURS`] stores still takes its flag
+/// from [`FLAG_ALLOCATED`]: reading the allocations there cost more than the second write.
+/// `WHERE true`: SQLite reads an `ON` after a `SELECT`'s `FROM` as a join's without it.)
+const ROLL_HOURS: &str = concat!(
+    "WITH ",
+    allocations_over!("IDS", "$1", "$2"),
+    ", r AS MATERIALIZED (SELECT gpu_id, (ts / 3600) * 3600 AS hour, COUNT(*) AS samples, \
+     SUM(CASE WHEN sm_active IS NOT NULL OR util_pct IS NOT NULL THEN 1 ELSE 0 END) AS act_n, \
+     COALESCE(SUM(COALESCE(sm_active * 100.0, util_pct)), 0) AS act_sum, \
+     MAX(mem_used_mib) AS mem_max, COALESCE(SUM(power_w), 0) AS power_sum, \
+     COUNT(power_w) AS power_n \
+     FROM samples WHERE gpu_id IN (IDS) AND ts >= $1 AND ts < $2 \
+     GROUP BY gpu_id, (ts / 3600) * 3600), ",
+    allocated_rows!("r"),
+    " INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, \
+     allocated) SELECT r.gpu_id, r.hour, r.samples, r.act_n, r.act_sum, r.mem_max, r.power_sum, \
+     r.power_n, CASE WHEN f.gpu_id IS NULL THEN 0 ELSE 1 END \
+     FROM r LEFT JOIN f ON f.gpu_id = r.gpu_id AND f.hour = r.hour WHERE true \
+     ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
+     act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
+     power_sum = excluded.power_sum, power_n = excluded.power_n, evidence = 0"
+);
 
 /// Hours touched for one GPU during an ingest, to re-roll afterwards.
 #[derive(Default)]
@@ -582,19 +649,7 @@ impl Store {
             }
         }
         for ((lo, hi), ids) in &activity {
-            self.for_ids(tx, ids, *lo, *hi, None,
-                "INSERT INTO gpu_hours (gpu_id, hour, samples, act_n, act_sum, mem_max, power_sum, power_n, allocated) \
-                 SELECT gpu_id, (ts / 3600) * 3600, COUNT(*), \
-                 SUM(CASE WHEN sm_active IS NOT NULL OR util_pct IS NOT NULL THEN 1 ELSE 0 END), \
-                 COALESCE(SUM(COALESCE(sm_active * 100.0, util_pct)), 0), MAX(mem_used_mib), \
-                 COALESCE(SUM(power_w), 0), COUNT(power_w), 0 \
-                 FROM samples WHERE gpu_id IN (IDS) AND ts >= $1 AND ts < $2 \
-                 GROUP BY gpu_id, (ts / 3600) * 3600 \
-                 ON CONFLICT (gpu_id, hour) DO UPDATE SET samples = excluded.samples, \
-                 act_n = excluded.act_n, act_sum = excluded.act_sum, mem_max = excluded.mem_max, \
-                 power_sum = excluded.power_sum, power_n = excluded.power_n, evidence = 0",
-            )
-            .await?;
+            self.for_ids(tx, ids, *lo, *hi, None, ROLL_HOURS).await?;
         }
         for ((lo, hi), ids) in &flags {
             self.for_ids(tx, ids, *lo, *hi, None, FLAG_ALLOCATED)

@@ -3616,6 +3616,82 @@ async fn postgres_retention_drops_time_partitions() {
     Store::drop_schema(&url, &schema).await.unwrap();
 }
 
+/// A new hour row rolled from its samples is written once, with its allocated flag: the roll
+/// that stores it computes the flag, so the pass that sets the flags where allocations changed
+/// finds it right. On PostgreSQL each rewrite is a new row version, with a new entry in every
+/// index of the hour rollups until vacuum. Checked by the command that wrote each row's version
+/// (`cmin`, all in the push's one transaction): no allocated row the rolls stored was written
+/// after the last of them. The scenario's samples older than a day are rolled from their
+/// samples (A's hours and B's first two); B's hour 12 is added onto its hour, and like the
+/// hours with no sample (a GPU stays present for the stale window after its last sample), it
+/// still takes its flag from a second write.
+#[tokio::test]
+async fn postgres_new_hours_are_written_once_with_their_flag() {
+    use sqlx::Executor;
+    let Some(url) = pg_url("postgres_new_hours_are_written_once_with_their_flag") else {
+        return;
+    };
+    let schema = format!("t_flag_once_{}", std::process::id());
+    Store::drop_schema(&url, &schema).await.unwrap();
+    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    pool.execute(format!("SET search_path TO {schema}").as_str())
+        .await
+        .unwrap();
+    store.ensure_partitions(now().timestamp()).await.unwrap();
+    let out = push(&store, &who("hand", None), SCENARIO).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let cmin = "CAST(CAST(h.cmin AS TEXT) AS BIGINT)";
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT g.uuid, h.hour, h.allocated, {cmin} FROM gpu_hours h JOIN gpus g ON g.id = h.gpu_id \
+         WHERE h.samples > 0 ORDER BY g.uuid, h.hour"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let hour = |s: &str| t(s).timestamp();
+    let added = hour("2026-12-01T12:00:00Z");
+    let allocated: Vec<(&str, i64)> = rows
+        .iter()
+        .filter(|r| r.2 == 1)
+        .map(|r| (r.0.as_str(), r.1))
+        .collect();
+    assert_eq!(
+        allocated,
+        vec![
+            (A, hour("2026-12-01T01:00:00Z")),
+            (A, hour("2026-12-01T02:00:00Z")),
+            (B, hour("2026-12-01T11:00:00Z")),
+            (B, hour("2026-12-01T12:00:00Z")),
+        ],
+        "{rows:?}"
+    );
+    // The flags' pass runs after every roll, and B's hour 10 is stored by the last of them
+    // (its GPU's roll runs after A's).
+    let rolled = |r: &&(String, i64, i64, i64)| r.1 < added;
+    let last_roll = rows
+        .iter()
+        .filter(rolled)
+        .filter(|r| r.2 == 0)
+        .map(|r| r.3)
+        .max()
+        .unwrap();
+    for r in rows.iter().filter(rolled).filter(|r| r.2 == 1) {
+        assert!(
+            r.3 <= last_roll,
+            "{r:?} was written again after the rolls that stored it: {rows:?}"
+        );
+    }
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
+
 /// A team-scoped token may not take another team's GPU through a MIG instance: it may not
 /// create an instance under a GPU it cannot write, and an allocation it sends may not move a
 /// GPU out of a team it cannot write (here via a namespace rule on the instance's parent).
