@@ -3531,16 +3531,17 @@ async fn the_delivery_log_is_pruned_with_the_audit_log(store: Store) {
 
 both!(the_delivery_log_is_pruned_with_the_audit_log);
 
-/// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
-/// samples land in theirs (not the default), retention drops a partition whole, and a row
-/// that arrived before its partition existed moves into it when it is made.
-#[tokio::test]
-async fn postgres_retention_drops_time_partitions() {
+/// A store in a fresh schema `{prefix}_<pid>` of the test database, and a pool of one
+/// connection whose `search_path` is that schema, for a test that reads the tables
+/// themselves; with the database's URL and the schema's name. `None` where PostgreSQL is not
+/// set up and not required ([`pg_url`]).
+async fn postgres_schema(
+    name: &str,
+    prefix: &str,
+) -> Option<(Store, sqlx::AnyPool, String, String)> {
     use sqlx::Executor;
-    let Some(url) = pg_url("postgres_retention_drops_time_partitions") else {
-        return;
-    };
-    let schema = format!("t_partitions_{}", std::process::id());
+    let url = pg_url(name)?;
+    let schema = format!("{prefix}_{}", std::process::id());
     Store::drop_schema(&url, &schema).await.unwrap();
     let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
         .await
@@ -3554,6 +3555,19 @@ async fn postgres_retention_drops_time_partitions() {
     pool.execute(format!("SET search_path TO {schema}").as_str())
         .await
         .unwrap();
+    Some((store, pool, url, schema))
+}
+
+/// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
+/// samples land in theirs (not the default), retention drops a partition whole, and a row
+/// that arrived before its partition existed moves into it when it is made.
+#[tokio::test]
+async fn postgres_retention_drops_time_partitions() {
+    let Some((store, pool, url, schema)) =
+        postgres_schema("postgres_retention_drops_time_partitions", "t_partitions").await
+    else {
+        return;
+    };
     let rows = |table: String| {
         let pool = pool.clone();
         async move {
@@ -3627,24 +3641,14 @@ async fn postgres_retention_drops_time_partitions() {
 /// still takes its flag from a second write.
 #[tokio::test]
 async fn postgres_new_hours_are_written_once_with_their_flag() {
-    use sqlx::Executor;
-    let Some(url) = pg_url("postgres_new_hours_are_written_once_with_their_flag") else {
+    let Some((store, pool, url, schema)) = postgres_schema(
+        "postgres_new_hours_are_written_once_with_their_flag",
+        "t_flag_once",
+    )
+    .await
+    else {
         return;
     };
-    let schema = format!("t_flag_once_{}", std::process::id());
-    Store::drop_schema(&url, &schema).await.unwrap();
-    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
-        .await
-        .unwrap();
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::any::AnyPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .unwrap();
-    pool.execute(format!("SET search_path TO {schema}").as_str())
-        .await
-        .unwrap();
     store.ensure_partitions(now().timestamp()).await.unwrap();
     let out = push(&store, &who("hand", None), SCENARIO).await;
     assert!(out.rejected.is_empty(), "{:?}", out.rejected);
