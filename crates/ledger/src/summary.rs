@@ -4,7 +4,7 @@
 //! allocated-idle hours in the window and the sum of its known hourly activities; this module
 //! groups those counts and prices them. Keeping it pure means the definitions are tested once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use gpuledger_model::{CostBasis, SummaryGroup, UNKNOWN};
@@ -134,7 +134,7 @@ impl GpuWindow {
         }
     }
 
-    fn key(&self, by: GroupBy) -> String {
+    fn key(&self, by: GroupBy) -> &str {
         let v = match by {
             GroupBy::Team => Some(self.team.as_str()),
             GroupBy::Env => Some(self.env.as_str()),
@@ -143,7 +143,7 @@ impl GpuWindow {
             GroupBy::Model => Some(self.model.as_str()),
             GroupBy::Vendor => self.vendor.as_deref(),
         };
-        v.unwrap_or(UNKNOWN).to_string()
+        v.unwrap_or(UNKNOWN)
     }
 }
 
@@ -291,26 +291,32 @@ pub fn day_points_by(
     windows: &[GpuWindow],
     by: GroupBy,
 ) -> Vec<(String, SeriesPoint)> {
-    let mut groups: BTreeMap<String, Vec<&GpuWindow>> = BTreeMap::new();
+    let mut groups: BTreeMap<&str, Vec<&GpuWindow>> = BTreeMap::new();
     for w in windows {
         groups.entry(w.key(by)).or_default().push(w);
     }
     groups
         .into_iter()
-        .filter_map(|(k, ws)| day_point_of(start, ws).map(|p| (k, p)))
+        .filter_map(|(k, ws)| day_point_of(start, ws).map(|p| (k.to_string(), p)))
         .collect()
 }
 
-fn day_point_of<'a>(
-    start: DateTime<Utc>,
-    windows: impl IntoIterator<Item = &'a GpuWindow>,
-) -> Option<SeriesPoint> {
+fn day_point_of<'a, I>(start: DateTime<Utc>, windows: I) -> Option<SeriesPoint>
+where
+    I: IntoIterator<Item = &'a GpuWindow>,
+    I::IntoIter: Clone,
+{
     let mut p = SeriesPoint {
         start,
         ..Default::default()
     };
-    let mut uuids = std::collections::HashSet::new();
-    for w in windows.into_iter().filter(|w| w.present_hours > 0) {
+    let windows = windows.into_iter();
+    let mut uuids = if windows.clone().is_sorted_by(|a, b| a.uuid <= b.uuid) {
+        Seen::Last(None)
+    } else {
+        Seen::All(HashSet::new())
+    };
+    for w in windows.filter(|w| w.present_hours > 0) {
         if uuids.insert(w.uuid.as_str()) {
             p.gpus += 1;
         }
@@ -329,17 +335,74 @@ struct Acc<'a> {
     g: SummaryGroup,
     activity_sum: f64,
     known_hours: i64,
-    /// GPUs counted, so a GPU with two owner periods in a group counts once.
-    uuids: std::collections::HashSet<&'a str>,
+    /// GPUs counted, so a GPU with two owner periods in a group counts once: the last GPU
+    /// added where the rows come with each GPU's rows together, else every GPU added.
+    seen: Seen<'a>,
+}
+
+/// The GPUs a group has counted ([`Acc::seen`]).
+enum Seen<'a> {
+    /// Each GPU's rows come together: a GPU's rows in a group are then together too, so a row
+    /// of the GPU counted last adds no GPU. No hashing, where a set of 100,000 UUIDs was most
+    /// of the time [`summarize`] took.
+    Last(Option<&'a str>),
+    All(HashSet<&'a str>),
+}
+
+impl Default for Seen<'_> {
+    fn default() -> Self {
+        Seen::Last(None)
+    }
+}
+
+impl<'a> Seen<'a> {
+    /// Where `rows` come in UUID order, so each GPU's rows are together ([`Seen::Last`]),
+    /// else a set.
+    fn for_rows(rows: &[GpuWindow]) -> Self {
+        if rows.is_sorted_by(|a, b| a.uuid <= b.uuid) {
+            Seen::Last(None)
+        } else {
+            Seen::All(HashSet::new())
+        }
+    }
+
+    /// Whether `uuid` is new to the group.
+    fn insert(&mut self, uuid: &'a str) -> bool {
+        match self {
+            Seen::Last(last) => {
+                let new = *last != Some(uuid);
+                *last = Some(uuid);
+                new
+            }
+            Seen::All(set) => set.insert(uuid),
+        }
+    }
+
+    /// An empty one of the same kind.
+    fn fresh(&self) -> Self {
+        match self {
+            Seen::Last(_) => Seen::Last(None),
+            Seen::All(_) => Seen::All(HashSet::new()),
+        }
+    }
 }
 
 impl<'a> Acc<'a> {
+    fn new(seen: Seen<'a>) -> Self {
+        Acc {
+            g: SummaryGroup::default(),
+            activity_sum: 0.0,
+            known_hours: 0,
+            seen,
+        }
+    }
+
     fn add(&mut self, w: &'a GpuWindow) {
         if w.present_hours == 0 {
             return;
         }
         let g = &mut self.g;
-        if self.uuids.insert(w.uuid.as_str()) {
+        if self.seen.insert(w.uuid.as_str()) {
             g.gpus += 1;
         }
         g.gpu_hours += w.present_hours;
@@ -390,16 +453,21 @@ pub fn round(v: f64, places: i32) -> f64 {
 /// Group per-GPU windows; groups are sorted by cost (then GPU-hours) descending, then key.
 /// GPUs not present in the window are left out.
 pub fn summarize(windows: &[GpuWindow], by: GroupBy) -> (Vec<SummaryGroup>, SummaryGroup) {
-    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
-    let mut total = Acc::default();
+    let seen = Seen::for_rows(windows);
+    let mut groups: BTreeMap<&str, Acc> = BTreeMap::new();
+    let mut total = Acc::new(seen.fresh());
     for w in windows {
-        groups.entry(w.key(by)).or_default().add(w);
+        let key = w.key(by);
+        match groups.get_mut(key) {
+            Some(acc) => acc.add(w),
+            None => groups.entry(key).or_insert(Acc::new(seen.fresh())).add(w),
+        }
         total.add(w);
     }
     let mut out: Vec<SummaryGroup> = groups
         .into_iter()
         .filter(|(_, a)| a.g.gpus > 0)
-        .map(|(k, a)| a.finish(k))
+        .map(|(k, a)| a.finish(k.to_string()))
         .collect();
     out.sort_by(|a, b| {
         b.cost_usd
@@ -520,5 +588,42 @@ mod tests {
             day_points_by(start, &rows, GroupBy::Team)[0].1,
             day_point(start, &nlp).unwrap()
         );
+    }
+
+    #[test]
+    fn a_gpu_counts_once_per_group_in_any_row_order() {
+        let start = DateTime::from_timestamp(1_796_256_000, 0).unwrap();
+        let gpu = |uuid: &str, w: GpuWindow| GpuWindow {
+            uuid: uuid.into(),
+            ..w
+        };
+        // GPU-1 went nlp, vision, nlp again: two periods in nlp, one in vision. GPU-2 had two
+        // periods in nlp; GPU-3 one in vision.
+        let in_order = vec![
+            gpu("GPU-1", w("nlp", Some(2.0), 3, 3, 0, 150.0)),
+            gpu("GPU-1", w("vision", Some(2.0), 2, 1, 1, 51.0)),
+            gpu("GPU-1", w("nlp", Some(2.0), 1, 0, 1, 2.0)),
+            gpu("GPU-2", w("nlp", None, 4, 0, 4, 0.0)),
+            gpu("GPU-2", w("nlp", None, 2, 2, 0, 120.0)),
+            gpu("GPU-3", w("vision", Some(1.0), 5, 5, 0, 400.0)),
+        ];
+        // The same rows with each GPU's rows apart: counted through a set instead.
+        let mut apart = in_order.clone();
+        apart.swap(1, 3);
+        apart.swap(0, 5);
+        assert!(!apart.is_sorted_by(|a, b| a.uuid <= b.uuid));
+        for rows in [&in_order, &apart] {
+            let (groups, total) = summarize(rows, GroupBy::Team);
+            let got: Vec<_> = groups
+                .iter()
+                .map(|g| (g.key.as_str(), g.gpus, g.gpu_hours))
+                .collect();
+            assert_eq!(got, [("vision", 2, 7), ("nlp", 2, 10)], "{rows:?}");
+            assert_eq!((total.gpus, total.gpu_hours), (3, 17));
+            let points = day_points_by(start, rows, GroupBy::Team);
+            let got: Vec<_> = points.iter().map(|(k, p)| (k.as_str(), p.gpus)).collect();
+            assert_eq!(got, [("nlp", 2), ("vision", 2)]);
+            assert_eq!(day_point(start, rows).unwrap().gpus, 3);
+        }
     }
 }

@@ -635,7 +635,7 @@ impl Store {
                 || self.window_counts(before, now, with_mem),
             )
             .await?;
-        let by_period: HashMap<(i64, i64), &CountsRow> =
+        let by_period: foldhash::HashMap<(i64, i64), &CountsRow> =
             kept.iter().map(|c| ((c.gpu_id, c.o_from), c)).collect();
         let live = self.window_today(lo, hi, today, filters, with_mem).await?;
         let mut out = Vec::with_capacity(live.len());

@@ -2,8 +2,6 @@
 //! Waste page, the overview's top inefficiencies and `GET /api/v1/savings` all show these.
 //! Every finding and its $ per month comes from `ledger::waste`.
 
-use std::collections::HashMap;
-
 use gpuledger_ledger::waste::{
     activity_finding, allocated_idle_finding, billed_unseen_finding, low_memory_finding,
     missing_finding, per_month, rank, ActivityEvidence, BilledUnseen, Finding, FindingKind,
@@ -105,7 +103,7 @@ pub fn findings(
         workloads,
         unseen,
     } = reads;
-    let evidence: HashMap<&str, ActivityEvidence> =
+    let evidence: foldhash::HashMap<&str, ActivityEvidence> =
         evidence.iter().map(|(u, e)| (u.as_str(), *e)).collect();
     let mut all = Vec::new();
     let link = |x: &Finding| -> String {

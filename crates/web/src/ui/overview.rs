@@ -73,7 +73,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     // One read of the per-GPU counts serves both groupings and the waste findings.
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
     let (env_groups, _) = summarize(&windows, GroupBy::Env);
-    let per_gpu = gpuledger_ledger::summary::per_gpu(windows.clone());
+    let per_gpu = gpuledger_ledger::summary::per_gpu(windows);
     let listing = Listing {
         idle_days: 7,
         tables: false,
