@@ -311,11 +311,7 @@ where
         ..Default::default()
     };
     let windows = windows.into_iter();
-    let mut uuids = if windows.clone().is_sorted_by(|a, b| a.uuid <= b.uuid) {
-        Seen::Last(None)
-    } else {
-        Seen::All(HashSet::new())
-    };
+    let mut uuids = Seen::for_rows(windows.clone());
     for w in windows.filter(|w| w.present_hours > 0) {
         if uuids.insert(w.uuid.as_str()) {
             p.gpus += 1;
@@ -330,7 +326,6 @@ where
     (p.gpus > 0).then_some(p)
 }
 
-#[derive(Default)]
 struct Acc<'a> {
     g: SummaryGroup,
     activity_sum: f64,
@@ -349,16 +344,10 @@ enum Seen<'a> {
     All(HashSet<&'a str>),
 }
 
-impl Default for Seen<'_> {
-    fn default() -> Self {
-        Seen::Last(None)
-    }
-}
-
 impl<'a> Seen<'a> {
     /// Where `rows` come in UUID order, so each GPU's rows are together ([`Seen::Last`]),
     /// else a set.
-    fn for_rows(rows: &[GpuWindow]) -> Self {
+    fn for_rows(rows: impl Iterator<Item = &'a GpuWindow>) -> Self {
         if rows.is_sorted_by(|a, b| a.uuid <= b.uuid) {
             Seen::Last(None)
         } else {
@@ -453,7 +442,7 @@ pub fn round(v: f64, places: i32) -> f64 {
 /// Group per-GPU windows; groups are sorted by cost (then GPU-hours) descending, then key.
 /// GPUs not present in the window are left out.
 pub fn summarize(windows: &[GpuWindow], by: GroupBy) -> (Vec<SummaryGroup>, SummaryGroup) {
-    let seen = Seen::for_rows(windows);
+    let seen = Seen::for_rows(windows.iter());
     let mut groups: BTreeMap<&str, Acc> = BTreeMap::new();
     let mut total = Acc::new(seen.fresh());
     for w in windows {
