@@ -551,29 +551,50 @@ impl Store {
                 || self.activity_evidence_before(today),
             )
             .await?;
-        let rows = if self.keeps_live() && filters.is_empty() {
+        let rows = if self.keeps_live() {
             // The whole fleet's answer of today is kept between requests (`crate::live`):
             // each request reads again the GPUs whose day rows of today were written since.
+            // A filtered request keeps the GPUs of the kept GPU list its filters pass, as the
+            // same filters read from the database select them (the `gpus` row's columns).
+            let all = &Filters::default();
             let changed = format!(
                 "SELECT string_agg(DISTINCT CAST(d.gpu_id AS TEXT), ',') FROM gpu_days d \
                  WHERE d.day >= $2 AND {}",
                 crate::live::written_since("d")
             );
-            self.live_rows(
-                &self.live.evidence,
-                format!(
-                    "today's activity evidence threshold {} today {today}",
-                    self.settings.idle_threshold_pct
-                ),
-                &changed,
-                &[today],
-                |a: &EvidenceToday, b: &EvidenceToday| a.0.cmp(&b.0),
-                |only| async move {
-                    self.activity_evidence_today(today, filters, only.as_deref())
-                        .await
-                },
-            )
-            .await?
+            let rows = self
+                .live_rows(
+                    &self.live.evidence,
+                    format!(
+                        "today's activity evidence threshold {} today {today}",
+                        self.settings.idle_threshold_pct
+                    ),
+                    &changed,
+                    &[today],
+                    |a: &EvidenceToday, b: &EvidenceToday| a.0.cmp(&b.0),
+                    |only| async move {
+                        self.activity_evidence_today(today, all, only.as_deref())
+                            .await
+                    },
+                )
+                .await?;
+            if filters.is_empty() {
+                rows
+            } else {
+                let ids: foldhash::HashSet<i64> = self
+                    .kept_list(false, true, now)
+                    .await?
+                    .iter()
+                    .filter(|g| filters.admits(|k| g.value(k)))
+                    .map(|g| g.id)
+                    .collect();
+                std::sync::Arc::new(
+                    rows.iter()
+                        .filter(|r| ids.contains(&r.0))
+                        .cloned()
+                        .collect(),
+                )
+            }
         } else {
             std::sync::Arc::new(self.activity_evidence_today(today, filters, None).await?)
         };

@@ -32,9 +32,13 @@
 //! in the hours ahead) are read again at every request. A kept list's GPUs are told present or
 //! missing again at each request, by the time of that request.
 //!
-//! Only the whole fleet's answers are kept (no filter): a filtered page reads its own. Like
-//! `settled`, the answers are kept per process: several servers over one database each keep
-//! their own and each asks the database what changed, never its own writes. SQLite reads them
+//! Only the whole fleet's answers are kept. A filtered page takes its rows from them,
+//! filtered in memory by the values its filters' SQL compares (`Filters::admits`: an owner
+//! period's team and environment for today's counts, the `gpus` row's own columns for the
+//! lists and, through the kept list, for the evidence): at 100,000 GPUs a team's page no
+//! longer reads its rows from the database at each request. Like `settled`, the answers are
+//! kept per process: several servers over one database each keep their own and each asks the
+//! database what changed, never its own writes. SQLite reads them
 //! at each request (a local file, fast enough at the sizes it serves).
 
 use std::cmp::Ordering;
@@ -91,6 +95,8 @@ pub(crate) struct Lives {
     pub(crate) lists: Live,
     /// Today's activity evidence (`Store::activity_evidence`).
     pub(crate) evidence: Live,
+    /// Nothing kept: every answer read from the database, filters and all (for tests).
+    off: bool,
 }
 
 impl Default for Lives {
@@ -104,6 +110,7 @@ impl Default for Lives {
             today: live(KEPT_TODAY),
             lists: live(KEPT_LISTS),
             evidence: live(KEPT_EVIDENCE),
+            off: false,
         }
     }
 }
@@ -172,7 +179,7 @@ const MARK: &str = "CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) A
 impl Store {
     /// Whether answers of today are kept on this backend.
     pub(crate) fn keeps_live(&self) -> bool {
-        self.backend() == Backend::Postgres
+        self.backend() == Backend::Postgres && !self.live.off
     }
 
     /// The rows `read(None)` gives, kept for `question` and brought up to date at each call:
@@ -292,6 +299,20 @@ impl Store {
     pub fn without_kept(&self) -> Store {
         Store {
             live: Default::default(),
+            ..self.clone()
+        }
+    }
+
+    /// This store keeping nothing between requests (a handle of its own on the same
+    /// database): every answer read from the database as SQLite reads it, filters applied by
+    /// the database, to compare the kept answers and their filtering with (for tests).
+    #[doc(hidden)]
+    pub fn without_live(&self) -> Store {
+        Store {
+            live: std::sync::Arc::new(Lives {
+                off: true,
+                ..Default::default()
+            }),
             ..self.clone()
         }
     }

@@ -73,6 +73,16 @@ impl Filters {
         self.iter().all(|(_, v)| v.is_empty())
     }
 
+    /// Whether a row passes the filters as their SQL clause ([`Filters::clause_with`]) passes
+    /// it: for each key filtered, the row's value (`value` of the key) is one of the key's
+    /// values, byte for byte as the database compares text; a row without one (NULL) passes
+    /// no filter of its key. What a kept whole-fleet answer is filtered by (`crate::live`).
+    pub(crate) fn admits<'a>(&self, value: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.iter().all(|(key, values)| {
+            values.is_empty() || value(key).is_some_and(|v| values.iter().any(|x| x == v))
+        })
+    }
+
     /// ` AND g.team IN ($n, ...) ...` numbered from `first`, with the values to bind in order.
     pub(crate) fn clause(&self, first: usize) -> (String, Vec<String>) {
         self.clause_with(first, "g")
@@ -244,7 +254,7 @@ impl Store {
         brief: bool,
         now: DateTime<Utc>,
     ) -> Result<Vec<GpuView>> {
-        if !(self.keeps_live() && filters.is_empty()) {
+        if !self.keeps_live() {
             let mut views: Vec<GpuView> = self
                 .listed_gpus(filters, include_mig, brief, None, now)
                 .await?
@@ -259,6 +269,7 @@ impl Store {
         let now = now.timestamp();
         Ok(rows
             .iter()
+            .filter(|r| filters.admits(|k| r.value(k)))
             .map(|r| {
                 let mut view = r.view.clone();
                 view.state = self.state_at(view.last_seen.timestamp(), now);
@@ -268,10 +279,10 @@ impl Store {
     }
 
     /// The whole fleet's list of [`Store::list_gpus_of`] kept between requests
-    /// (`crate::live`; PostgreSQL only): each request reads again the GPUs whose row was
-    /// written since (every push writes its GPUs' last seen). Its GPUs' states are as of their
-    /// read.
-    async fn kept_list(
+    /// (`crate::live`; PostgreSQL only), which every filter's list is taken from: each request
+    /// reads again the GPUs whose row was written since (every push writes its GPUs' last
+    /// seen). Its GPUs' states are as of their read.
+    pub(crate) async fn kept_list(
         &self,
         include_mig: bool,
         brief: bool,
@@ -328,9 +339,12 @@ impl Store {
                 .replace("g.owner_reason", "'' AS owner_reason")
                 .replace("g.labels", "'{}' AS labels");
         }
-        let inner = format!("SELECT {columns} FROM gpus g WHERE 1 = 1{mig}{only}{clause}");
+        // The stored vendor last, which the kept lists are filtered by.
+        let inner =
+            format!("SELECT {columns}, g.vendor FROM gpus g WHERE 1 = 1{mig}{only}{clause}");
         let wide: Vec<crate::wide::Col> = GPU_COLUMNS
             .split(", ")
+            .chain(["vendor"])
             .map(|c| match c.trim() {
                 "usd_per_hour" => crate::wide::Col::Real("usd_per_hour"),
                 c => crate::wide::Col::Plain(c),
@@ -349,11 +363,13 @@ impl Store {
         let now = now.timestamp();
         Ok(rows
             .into_iter()
-            .map(|r| {
+            .map(|mut r| {
+                let vendor = r.vendor.take();
                 let (id, rec) = r.record();
                 ListedGpu {
                     id,
                     view: self.view(rec, now),
+                    vendor,
                 }
             })
             .collect())
@@ -762,15 +778,16 @@ impl Store {
         filters: &Filters,
         with_mem: bool,
     ) -> Result<Arc<Vec<WindowRow>>> {
-        if !(self.keeps_live() && hi > today && filters.is_empty()) {
+        if !(self.keeps_live() && hi > today) {
             let rows = self
                 .window_today_of(lo, hi, today, filters, with_mem, None)
                 .await?;
             return Ok(Arc::new(WindowRow::in_order(rows)));
         }
         // Kept between requests (`crate::live`), one answer for every window ending in this
-        // hour: every owner period up to now (those before the window's start left out
-        // below), with peak memory whether asked or not. Read again: the GPUs whose day row of
+        // hour and every filter: every owner period up to now of every GPU (those before the
+        // window's start and those the filters leave out taken out below), with peak memory
+        // whether asked or not. Read again: the GPUs whose day row of
         // today or hours ahead of the clock were written since, those whose owner changed
         // within today (read from their hours) and those whose peak of today lies ahead of
         // the clock (the peak so far is then read from their hours). Today's day rows are
@@ -786,6 +803,7 @@ impl Store {
             live::written_since("gpu_days"),
             live::written_since("h"),
         );
+        let all_gpus = &Filters::default();
         let all = self
             .live_rows(
                 &self.live.today,
@@ -797,19 +815,18 @@ impl Store {
                 &[today, hi],
                 |a: &WindowRow, b: &WindowRow| (&a.uuid, a.o_from).cmp(&(&b.uuid, b.o_from)),
                 |only| async move {
-                    self.window_today_of(0, hi, today, filters, true, only.as_deref())
+                    self.window_today_of(0, hi, today, all_gpus, true, only.as_deref())
                         .await
                 },
             )
             .await?;
-        if all.iter().all(|r| r.o_to.is_none_or(|to| to > lo)) {
+        let wanted =
+            |r: &WindowRow| r.o_to.is_none_or(|to| to > lo) && filters.admits(|k| r.value(k));
+        if all.iter().all(wanted) {
             return Ok(all);
         }
         Ok(Arc::new(
-            all.iter()
-                .filter(|r| r.o_to.is_none_or(|to| to > lo))
-                .cloned()
-                .collect(),
+            all.iter().filter(|r| wanted(r)).cloned().collect(),
         ))
     }
 
@@ -1223,8 +1240,28 @@ struct WindowRow {
 /// A GPU of a list with its id, as the list is kept (`crate::live`).
 #[derive(Clone)]
 pub(crate) struct ListedGpu {
-    id: i64,
+    pub(crate) id: i64,
     view: GpuView,
+    /// The stored `vendor` column, as the SQL filters read it (the view's is told from the
+    /// UUID and the labels a brief list leaves unread).
+    vendor: Option<String>,
+}
+
+impl ListedGpu {
+    /// The GPU's value of filter `key` ([`Filters::admits`]), as the GPU list's SQL clause
+    /// reads it: the `gpus` row's own columns, its current owner's team and environment.
+    pub(crate) fn value(&self, key: &str) -> Option<&str> {
+        let v = &self.view;
+        match key {
+            "team" => Some(&v.team),
+            "env" => Some(&v.env),
+            "cloud" => v.cloud.as_deref(),
+            "cluster" => v.cluster.as_deref(),
+            "model" => Some(&v.model),
+            "vendor" => self.vendor.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 impl LiveRow for ListedGpu {
@@ -1240,6 +1277,20 @@ impl LiveRow for WindowRow {
 }
 
 impl WindowRow {
+    /// The row's value of filter `key` ([`Filters::admits`]): its owner period's team and
+    /// environment, the GPU's other attributes; `None` where the column is NULL.
+    fn value(&self, key: &str) -> Option<&str> {
+        match key {
+            "team" => Some(&self.team),
+            "env" => Some(&self.env),
+            "cloud" => self.cloud.as_deref(),
+            "cluster" => self.cluster.as_deref(),
+            "model" => Some(&self.model),
+            "vendor" => self.vendor.as_deref(),
+            _ => None,
+        }
+    }
+
     /// `rows` by GPU (UUID) and owner period in time order, as the readers fold them: sorted
     /// here, where it costs next to nothing, rather than by the database, where sorting the
     /// wide rows was a tenth of the read.

@@ -45,6 +45,7 @@ pub(crate) fn gpu_from_row(row: &AnyRow) -> Result<(i64, GpuRecord)> {
         attr_seen: row.try_get("attr_seen")?,
         account: row.try_get("account")?,
         holders: row.try_get("holders")?,
+        vendor: None,
     }
     .record())
 }
@@ -80,6 +81,11 @@ pub(crate) struct GpuRow {
     attr_seen: String,
     account: Option<String>,
     holders: String,
+    /// The `vendor` column as stored, where the read adds it after [`GPU_COLUMNS`] (the kept
+    /// GPU lists, filtered by it: `crate::live`); the record's vendor is told from its UUID
+    /// and labels instead.
+    #[serde(default)]
+    pub(crate) vendor: Option<String>,
 }
 
 impl GpuRow {

@@ -2312,8 +2312,15 @@ async fn assert_window_figures_match(store: &Store, w: Window, now: DateTime<Utc
         ..Default::default()
     };
     // Per-GPU window counts: summed per GPU where one owner period covers the window,
-    // row by row for the GPU whose owner changed, against every row joined to its period.
-    for filters in [Filters::default(), every_team.clone()] {
+    // row by row for the GPU whose owner changed, against every row joined to its period;
+    // unfiltered, by every team, and by model and vendor (on PostgreSQL, today's rows kept
+    // for the whole fleet and filtered in memory, against the filters' SQL).
+    let models = Filters {
+        model: vec!["Tesla T4".into(), "NVIDIA A100-SXM4-40GB".into()],
+        vendor: vec!["nvidia".into()],
+        ..Default::default()
+    };
+    for filters in [Filters::default(), every_team.clone(), models] {
         let fast = store.gpu_windows(w, &filters, now).await.unwrap();
         let slow = store.gpu_windows_joined(w, &filters, now).await.unwrap();
         assert_eq!(fast.len(), slow.len(), "{at}: {fast:?} vs {slow:?}");
@@ -3219,16 +3226,26 @@ fn sorted_debug<T: std::fmt::Debug>(rows: &[T]) -> Vec<String> {
 }
 
 /// The GPU lists (with MIG instances, without, brief) and the activity evidence, which
-/// PostgreSQL keeps between requests (`live` in the store), and used-by, which reads its rates
-/// from the kept list, equal the same read whole by a handle with nothing kept, with and
-/// without a filter.
+/// PostgreSQL keeps between requests (`live` in the store) and filters in memory, and used-by,
+/// which reads its rates from the kept list, equal the same read from the database by a handle
+/// keeping nothing (the filters applied by SQL), with and without filters: by team, by model
+/// and vendor, and by a cloud no GPU has (a NULL passes no filter).
 async fn assert_kept_lists_match(store: &Store, now: DateTime<Utc>, at: &str) {
-    let fresh = store.without_kept();
+    let fresh = store.without_live();
     let infra = Filters {
         team: vec!["infra".into()],
         ..Default::default()
     };
-    for filters in [Filters::default(), infra] {
+    let models = Filters {
+        model: vec!["Tesla T4".into(), "Mystery GPU".into()],
+        vendor: vec!["nvidia".into()],
+        ..Default::default()
+    };
+    let cloud = Filters {
+        cloud: vec!["aws".into()],
+        ..Default::default()
+    };
+    for filters in [Filters::default(), infra, models, cloud] {
         for mig in [true, false] {
             let kept = store.list_gpus(&filters, mig, now).await.unwrap();
             let read = fresh.list_gpus(&filters, mig, now).await.unwrap();
