@@ -102,71 +102,110 @@ fn days_since(from: i64, now: i64) -> i64 {
 /// - Its activity has not been known for `idle_days` or more (or never was): **no activity
 ///   data** — it may be busy or idle, nobody measures it — with no $ of waste.
 /// - Otherwise nothing.
+///
+/// With the finding, the days idle or unmeasured.
 pub fn activity_finding(
     g: &GpuView,
     ev: ActivityEvidence,
     now: i64,
     idle_days: i64,
 ) -> Option<(Finding, i64)> {
+    activity_candidate(g, ev, now, idle_days).map(|c| (c.finding(), c.days))
+}
+
+/// [`activity_finding`] before its text is written: what ranks it (kind, $ per month, place)
+/// and its days, so that a page showing the first few findings writes only theirs
+/// ([`ActivityCandidate::finding`] writes it).
+pub fn activity_candidate(
+    g: &GpuView,
+    ev: ActivityEvidence,
+    now: i64,
+    idle_days: i64,
+) -> Option<ActivityCandidate<'_>> {
     if g.state != GpuState::Present || g.mig_parent_uuid.is_some() {
         return None;
     }
     let first = g.first_seen.timestamp();
     let today = now.div_euclid(DAY_SECS) * DAY_SECS;
     let known_recently = ev.last_known_day.is_some_and(|d| d >= today - DAY_SECS);
-    let what = where_(&g.model, g.host.as_deref());
-    if known_recently {
+    let (kind, since, usd_per_month) = if known_recently {
         let since = days_since(ev.last_busy_day.map_or(first, |d| d + DAY_SECS), now);
-        if since < idle_days {
-            return None;
-        }
-        let detail = match ev.last_busy_day {
-            Some(_) => format!("no busy hour for {since} days: release or reassign it"),
-            None => {
+        (FindingKind::IdleGpu, since, g.usd_per_hour.map(per_month))
+    } else {
+        let since = days_since(ev.last_known_day.map_or(first, |d| d + DAY_SECS), now);
+        (FindingKind::NoActivityData, since, None)
+    };
+    (since >= idle_days).then(|| ActivityCandidate {
+        g,
+        ev,
+        kind,
+        days: since,
+        what: where_(&g.model, g.host.as_deref()),
+        usd_per_month,
+    })
+}
+
+/// A GPU's idle or unmeasured finding, ranked but not yet written ([`activity_candidate`]).
+#[derive(Debug, Clone)]
+pub struct ActivityCandidate<'a> {
+    g: &'a GpuView,
+    ev: ActivityEvidence,
+    pub kind: FindingKind,
+    /// Days since the last busy day (idle) or the last measured one (no activity data).
+    pub days: i64,
+    /// Where, as the finding names it.
+    pub what: String,
+    /// As the finding's: the rate per month of an idle GPU, none where unmeasured.
+    pub usd_per_month: Option<f64>,
+}
+
+impl ActivityCandidate<'_> {
+    /// The GPU it is about.
+    pub fn gpu(&self) -> &GpuView {
+        self.g
+    }
+
+    /// What [`rank`] orders it by, as [`Finding::rank_key`].
+    pub fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
+        (self.kind, self.usd_per_month, &self.what)
+    }
+
+    /// The finding, written.
+    pub fn finding(&self) -> Finding {
+        let (g, since) = (self.g, self.days);
+        let detail = match (self.kind, self.ev.last_busy_day, self.ev.last_known_day) {
+            (FindingKind::IdleGpu, Some(_), _) => {
+                format!("no busy hour for {since} days: release or reassign it")
+            }
+            (FindingKind::IdleGpu, None, _) => {
                 format!("no busy hour since first seen {since} days ago: release or reassign it")
             }
+            (_, _, known) => {
+                let at_stake = g
+                    .usd_per_hour
+                    .map(|r| format!(" (${:.0}/month of GPU whose use is unknown)", per_month(r)))
+                    .unwrap_or_default();
+                match known {
+                    Some(_) => format!(
+                        "no activity data for {since} days: connect a metrics source \
+                         (dcgm-exporter, the agent){at_stake}"
+                    ),
+                    None => format!(
+                        "no activity data since first seen: connect a metrics source \
+                         (dcgm-exporter, the agent){at_stake}"
+                    ),
+                }
+            }
         };
-        return Some((
-            Finding {
-                kind: FindingKind::IdleGpu,
-                what,
-                team: g.team.clone(),
-                detail,
-                evidence: format!("/gpus/{}", g.uuid),
-                usd_per_month: g.usd_per_hour.map(per_month),
-            },
-            since,
-        ));
-    }
-    let since = days_since(ev.last_known_day.map_or(first, |d| d + DAY_SECS), now);
-    if since < idle_days {
-        return None;
-    }
-    let at_stake = g
-        .usd_per_hour
-        .map(|r| format!(" (${:.0}/month of GPU whose use is unknown)", per_month(r)))
-        .unwrap_or_default();
-    let detail = match ev.last_known_day {
-        Some(_) => format!(
-            "no activity data for {since} days: connect a metrics source (dcgm-exporter, the \
-             agent){at_stake}"
-        ),
-        None => format!(
-            "no activity data since first seen: connect a metrics source (dcgm-exporter, the \
-             agent){at_stake}"
-        ),
-    };
-    Some((
         Finding {
-            kind: FindingKind::NoActivityData,
-            what,
+            kind: self.kind,
+            what: self.what.clone(),
             team: g.team.clone(),
             detail,
             evidence: format!("/gpus/{}", g.uuid),
-            usd_per_month: None,
-        },
-        since,
-    ))
+            usd_per_month: self.usd_per_month,
+        }
+    }
 }
 
 /// One physical GPU's allocated-and-idle hours held by one workload (its share where the hour
@@ -416,20 +455,51 @@ pub fn billed_unseen_finding(u: &BilledUnseen) -> Finding {
 }
 
 /// Findings ranked for reading: priced waste by $ per month (largest first), then unpriced
-/// waste, then the findings that are no waste (no activity data).
+/// waste, then the findings that are no waste (no activity data); then by kind and place.
+/// Findings equal in all of those keep their order.
 pub fn rank(findings: &mut [Finding]) {
-    findings.sort_by(|a, b| {
-        let waste = |f: &Finding| f.kind != FindingKind::NoActivityData;
-        waste(b)
-            .cmp(&waste(a))
-            .then(
-                b.usd_per_month
-                    .unwrap_or(-1.0)
-                    .total_cmp(&a.usd_per_month.unwrap_or(-1.0)),
-            )
-            .then(a.kind.cmp(&b.kind))
-            .then(a.what.cmp(&b.what))
-    });
+    findings.sort_by(|a, b| rank_order(a.rank_key(), b.rank_key()));
+}
+
+/// The order of [`rank`], by each finding's [`Finding::rank_key`].
+pub fn rank_order(
+    (a_kind, a_usd, a_what): (FindingKind, Option<f64>, &str),
+    (b_kind, b_usd, b_what): (FindingKind, Option<f64>, &str),
+) -> std::cmp::Ordering {
+    let waste = |k: FindingKind| k != FindingKind::NoActivityData;
+    waste(b_kind)
+        .cmp(&waste(a_kind))
+        .then(b_usd.unwrap_or(-1.0).total_cmp(&a_usd.unwrap_or(-1.0)))
+        .then(a_kind.cmp(&b_kind))
+        .then(a_what.cmp(b_what))
+}
+
+impl Finding {
+    /// What [`rank`] orders findings by: kind, $ per month, place.
+    pub fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
+        (self.kind, self.usd_per_month, &self.what)
+    }
+}
+
+/// The positions in `items` of the first `n` in [`rank`]'s order (ties in their order in
+/// `items`, as `rank` keeps them), ranked: `rank` of all of them, cut to `n`, without
+/// ordering the rest (the Overview shows eight findings of tens of thousands).
+pub fn first_ranked<T>(
+    items: &[T],
+    n: usize,
+    key: impl Fn(&T) -> (FindingKind, Option<f64>, &str),
+) -> Vec<usize> {
+    let order = |i: &usize, j: &usize| rank_order(key(&items[*i]), key(&items[*j])).then(i.cmp(j));
+    let mut at: Vec<usize> = (0..items.len()).collect();
+    if n == 0 {
+        return Vec::new();
+    }
+    if at.len() > n {
+        at.select_nth_unstable_by(n - 1, order);
+        at.truncate(n);
+    }
+    at.sort_unstable_by(order);
+    at
 }
 
 /// The savings total: Σ $ per month over priced findings (no-activity findings have none).
@@ -597,5 +667,48 @@ mod tests {
             ]
         );
         assert_eq!(total_per_month(&all), 30.0);
+    }
+
+    /// The first findings picked without ranking the rest are `rank`'s first, ties and all:
+    /// many findings equal in kind, $ and place (one model on one host at one rate), kept in
+    /// their order as `rank`'s stable sort keeps them.
+    #[test]
+    fn first_ranked_is_the_head_of_rank_whatever_the_ties() {
+        let kinds = [
+            FindingKind::IdleGpu,
+            FindingKind::LowMemory,
+            FindingKind::MissingGpu,
+            FindingKind::NoActivityData,
+        ];
+        let mut seed = 7u64;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        for round in 0..50 {
+            let len = next(60) as usize;
+            let items: Vec<Finding> = (0..len)
+                .map(|i| Finding {
+                    kind: kinds[next(4) as usize],
+                    what: format!("T4 on h{}", next(3)),
+                    team: String::new(),
+                    // The detail tells the items apart; it is no part of the order.
+                    detail: i.to_string(),
+                    evidence: String::new(),
+                    usd_per_month: [None, Some(10.0), Some(25.0)][next(3) as usize],
+                })
+                .collect();
+            let mut ranked = items.clone();
+            rank(&mut ranked);
+            for n in [0, 1, 8, len.saturating_sub(1), len, len + 3] {
+                let first: Vec<Finding> = first_ranked(&items, n, Finding::rank_key)
+                    .into_iter()
+                    .map(|i| items[i].clone())
+                    .collect();
+                assert_eq!(first, ranked[..n.min(len)], "round {round}, n {n}");
+            }
+        }
     }
 }

@@ -1167,6 +1167,26 @@ async fn every_figure_on_every_page_equals_the_api_under_each_filter() {
             Some(f64_of(&savings["usd_per_month"]).round() as i64),
             "{filter}: waste total"
         );
+        // The Overview's top inefficiencies are the savings list's first eight, in its order
+        // (the Overview writes only those).
+        let (_, top) = app.get(&format!("/?{}", q("csv=top-inefficiencies"))).await;
+        let top = csv_rows(&top);
+        let items = savings["items"].as_array().unwrap();
+        assert!(!items.is_empty(), "{filter}: no finding to compare");
+        assert_eq!(
+            top.len(),
+            items.len().min(8),
+            "{filter}: top inefficiencies"
+        );
+        for (row, item) in top.iter().zip(items) {
+            for (col, key) in [("Finding", "kind"), ("Where", "what"), ("Why", "detail")] {
+                assert_eq!(
+                    row[col].trim(),
+                    item[key].as_str().unwrap(),
+                    "{filter}: top inefficiencies, {col}"
+                );
+            }
+        }
         for item in savings["items"].as_array().unwrap() {
             if item["what"]
                 .as_str()

@@ -544,6 +544,7 @@ impl Notifier {
         let listing = crate::ui::findings::Listing {
             idle_days,
             tables: false,
+            top: None,
         };
         let found =
             crate::ui::findings::findings(state, &p, &frame, listing, &gpus, &windows, reads);

@@ -3,9 +3,9 @@
 //! Every finding and its $ per month comes from `ledger::waste`.
 
 use gpuledger_ledger::waste::{
-    activity_finding, allocated_idle_finding, billed_unseen_finding, low_memory_finding,
-    missing_finding, per_month, rank, ActivityEvidence, BilledUnseen, Finding, FindingKind,
-    IdleWorkload,
+    activity_candidate, allocated_idle_finding, billed_unseen_finding, first_ranked,
+    low_memory_finding, missing_finding, per_month, rank, ActivityCandidate, ActivityEvidence,
+    BilledUnseen, Finding, FindingKind, IdleWorkload,
 };
 
 use super::{col, count, ncol, usd0, Cell, Frame, Table};
@@ -20,8 +20,8 @@ pub struct Findings {
     pub low_mem: Table,
     pub missing: Table,
     pub billed_unseen: Table,
-    /// Every finding, ranked by `ledger::waste::rank`, with evidence links carrying the page's
-    /// filters and range.
+    /// Every finding (the first [`Listing::top`] where given), ranked by
+    /// `ledger::waste::rank`, with evidence links carrying the page's filters and range.
     pub all: Vec<Finding>,
 }
 
@@ -33,11 +33,37 @@ fn month_cell(m: Option<f64>) -> Cell {
     )
 }
 
-/// What [`findings`] lists: GPUs idle for `idle_days` or more, and the rows of its tables
-/// only where `tables`.
+/// What [`findings`] lists: GPUs idle for `idle_days` or more, the rows of its tables only
+/// where `tables`, and of the ranked findings only the first `top` where given.
 pub struct Listing {
     pub idle_days: i64,
     pub tables: bool,
+    /// The Overview shows eight findings: the idle and unmeasured GPUs' findings, tens of
+    /// thousands at 100,000 GPUs, are then ranked without being written, and only the first
+    /// `top` of all findings are written and linked.
+    pub top: Option<usize>,
+}
+
+/// A finding to rank: an idle or unmeasured GPU's, not yet written, or any other.
+enum Ranked<'a> {
+    Gpu(&'a ActivityCandidate<'a>),
+    Other(Finding),
+}
+
+impl Ranked<'_> {
+    fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
+        match self {
+            Ranked::Gpu(c) => c.rank_key(),
+            Ranked::Other(x) => x.rank_key(),
+        }
+    }
+
+    fn finding(self) -> Finding {
+        match self {
+            Ranked::Gpu(c) => c.finding(),
+            Ranked::Other(x) => x,
+        }
+    }
 }
 
 /// What the findings read besides the page's GPU list and per-GPU counts, for the window and
@@ -90,7 +116,11 @@ pub fn findings(
     state: &AppState,
     p: &Params,
     f: &Frame,
-    Listing { idle_days, tables }: Listing,
+    Listing {
+        idle_days,
+        tables,
+        top,
+    }: Listing,
     gpus: &[gpuledger_model::GpuView],
     windows: &[gpuledger_ledger::GpuWindow],
     reads: FindingsReads,
@@ -105,7 +135,7 @@ pub fn findings(
     } = reads;
     let evidence: foldhash::HashMap<&str, ActivityEvidence> =
         evidence.iter().map(|(u, e)| (u.as_str(), *e)).collect();
-    let mut all = Vec::new();
+    let mut all: Vec<Ranked> = Vec::new();
     let link = |x: &Finding| -> String {
         if x.evidence.starts_with("/api/") {
             x.evidence.clone()
@@ -146,28 +176,29 @@ pub fn findings(
              as idle and not in the total; connect a metrics source to know.",
         )),
     );
-    let mut found: Vec<(Finding, i64, &gpuledger_model::GpuView)> = gpus
+    let mut found: Vec<ActivityCandidate> = gpus
         .iter()
         .filter_map(|g| {
             let ev = evidence.get(g.uuid.as_str()).copied().unwrap_or_default();
-            activity_finding(g, ev, now.timestamp(), idle_days).map(|(x, d)| (x, d, g))
+            activity_candidate(g, ev, now.timestamp(), idle_days)
         })
         .collect();
     found.sort_by(|a, b| {
-        b.0.usd_per_month
+        b.usd_per_month
             .unwrap_or(-1.0)
-            .total_cmp(&a.0.usd_per_month.unwrap_or(-1.0))
-            .then(b.1.cmp(&a.1))
-            .then(a.2.uuid.cmp(&b.2.uuid))
+            .total_cmp(&a.usd_per_month.unwrap_or(-1.0))
+            .then(b.days.cmp(&a.days))
+            .then(a.gpu().uuid.cmp(&b.gpu().uuid))
     });
-    for (x, days, g) in found {
-        let table = match x.kind {
+    for c in &found {
+        let table = match c.kind {
             FindingKind::IdleGpu => &mut idle,
             _ => &mut unmeasured,
         };
         if tables {
+            let (g, days) = (c.gpu(), c.days);
             table.push(vec![
-                Cell::text(g.uuid.clone()).link(link(&x)),
+                Cell::text(g.uuid.clone()).link(link(&c.finding())),
                 Cell::text(g.host.clone().unwrap_or_default()),
                 Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
                 Cell::text(g.model.clone()),
@@ -175,7 +206,7 @@ pub fn findings(
                 month_cell(g.usd_per_hour.map(per_month)),
             ]);
         }
-        all.push(x);
+        all.push(Ranked::Gpu(c));
     }
 
     let mut alloc_idle = Table::new(
@@ -222,7 +253,7 @@ pub fn findings(
                 month_cell(x.usd_per_month),
             ]);
         }
-        all.push(x);
+        all.push(Ranked::Other(x));
     }
 
     let mut low_mem = Table::new(
@@ -265,7 +296,7 @@ pub fn findings(
                 month_cell(w.usd_per_hour.map(per_month)),
             ]);
         }
-        all.push(x);
+        all.push(Ranked::Other(x));
     }
 
     let mut missing = Table::new(
@@ -300,7 +331,7 @@ pub fn findings(
                 month_cell(x.usd_per_month),
             ]);
         }
-        all.push(x);
+        all.push(Ranked::Other(x));
     }
     let mut billed_unseen = Table::new(
         "billed-unseen",
@@ -348,9 +379,24 @@ pub fn findings(
                 Cell::text(u.file.clone()),
             ]);
         }
-        all.push(x);
+        all.push(Ranked::Other(x));
     }
-    rank(&mut all);
+    let mut all: Vec<Finding> = match top {
+        Some(n) => {
+            let first = first_ranked(&all, n, Ranked::rank_key);
+            let mut slots: Vec<Option<Ranked>> = all.into_iter().map(Some).collect();
+            first
+                .into_iter()
+                .filter_map(|at| slots[at].take())
+                .map(Ranked::finding)
+                .collect()
+        }
+        None => {
+            let mut all: Vec<Finding> = all.into_iter().map(Ranked::finding).collect();
+            rank(&mut all);
+            all
+        }
+    };
     for x in &mut all {
         x.evidence = link(x);
     }

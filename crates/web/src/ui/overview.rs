@@ -16,6 +16,9 @@ use super::{
 };
 use crate::AppState;
 
+/// How many of the ranked findings the Overview shows (the rest are on the Waste page).
+const TOP_FINDINGS: usize = 8;
+
 #[derive(Template)]
 #[template(path = "overview.html")]
 pub struct Overview {
@@ -74,9 +77,11 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     let (team_groups, total) = summarize(&windows, GroupBy::Team);
     let (env_groups, _) = summarize(&windows, GroupBy::Env);
     let per_gpu = gpuledger_ledger::summary::per_gpu(windows);
+    // Eight findings are shown: only they are written.
     let listing = Listing {
         idle_days: 7,
         tables: false,
+        top: Some(TOP_FINDINGS),
     };
     let found = findings(&state, &p, &f, listing, &gpus, &per_gpu, reads);
     let t = &total;
@@ -136,7 +141,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
             ),
         ],
     );
-    for x in found.all.iter().take(8) {
+    for x in &found.all {
         top_waste.push(vec![
             Cell::text(x.kind.label()),
             Cell::text(x.what.clone()).link(x.evidence.clone()),

@@ -98,7 +98,11 @@ async fn load(
         state,
         &page.p,
         &page.frame,
-        Listing { idle_days, tables },
+        Listing {
+            idle_days,
+            tables,
+            top: None,
+        },
         &gpus,
         &windows,
         reads,
