@@ -77,8 +77,54 @@ pub fn window_per_month(cost_usd: f64, window_hours: f64) -> f64 {
 }
 
 fn where_(g_model: &str, host: Option<&str>) -> String {
-    format!("{g_model} on {}", host.unwrap_or("unknown host"))
+    format!("{g_model} on {}", host.unwrap_or(UNKNOWN_HOST))
 }
+
+/// The host a GPU's place names when it has none.
+const UNKNOWN_HOST: &str = "unknown host";
+
+/// Where a finding is, as [`rank`] orders it: a finding's written place ([`Finding::what`]),
+/// or a GPU's model and host before they are written into one (`{model} on {host}`), ordered
+/// byte for byte as that text would be.
+#[derive(Debug, Clone, Copy)]
+pub enum Place<'a> {
+    Text(&'a str),
+    Gpu {
+        model: &'a str,
+        host: Option<&'a str>,
+    },
+}
+
+impl<'a> Place<'a> {
+    /// The text's bytes, written or not.
+    fn bytes(self) -> impl Iterator<Item = u8> + 'a {
+        let (a, b, c) = match self {
+            Place::Text(t) => (t, "", ""),
+            Place::Gpu { model, host } => (model, " on ", host.unwrap_or(UNKNOWN_HOST)),
+        };
+        a.bytes().chain(b.bytes()).chain(c.bytes())
+    }
+}
+
+impl Ord for Place<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.bytes().cmp(other.bytes())
+    }
+}
+
+impl PartialOrd for Place<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Place<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Place<'_> {}
 
 /// When a GPU was last busy and last measured, by UTC day start (from the day rollups).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -135,12 +181,11 @@ pub fn activity_candidate(
         let since = days_since(ev.last_known_day.map_or(first, |d| d + DAY_SECS), now);
         (FindingKind::NoActivityData, since, None)
     };
-    (since >= idle_days).then(|| ActivityCandidate {
+    (since >= idle_days).then_some(ActivityCandidate {
         g,
         ev,
         kind,
         days: since,
-        what: where_(&g.model, g.host.as_deref()),
         usd_per_month,
     })
 }
@@ -153,8 +198,6 @@ pub struct ActivityCandidate<'a> {
     pub kind: FindingKind,
     /// Days since the last busy day (idle) or the last measured one (no activity data).
     pub days: i64,
-    /// Where, as the finding names it.
-    pub what: String,
     /// As the finding's: the rate per month of an idle GPU, none where unmeasured.
     pub usd_per_month: Option<f64>,
 }
@@ -166,8 +209,12 @@ impl ActivityCandidate<'_> {
     }
 
     /// What [`rank`] orders it by, as [`Finding::rank_key`].
-    pub fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
-        (self.kind, self.usd_per_month, &self.what)
+    pub fn rank_key(&self) -> (FindingKind, Option<f64>, Place<'_>) {
+        let place = Place::Gpu {
+            model: &self.g.model,
+            host: self.g.host.as_deref(),
+        };
+        (self.kind, self.usd_per_month, place)
     }
 
     /// The finding, written.
@@ -199,7 +246,7 @@ impl ActivityCandidate<'_> {
         };
         Finding {
             kind: self.kind,
-            what: self.what.clone(),
+            what: where_(&g.model, g.host.as_deref()),
             team: g.team.clone(),
             detail,
             evidence: format!("/gpus/{}", g.uuid),
@@ -463,37 +510,37 @@ pub fn rank(findings: &mut [Finding]) {
 
 /// The order of [`rank`], by each finding's [`Finding::rank_key`].
 pub fn rank_order(
-    (a_kind, a_usd, a_what): (FindingKind, Option<f64>, &str),
-    (b_kind, b_usd, b_what): (FindingKind, Option<f64>, &str),
+    (a_kind, a_usd, a_what): (FindingKind, Option<f64>, Place),
+    (b_kind, b_usd, b_what): (FindingKind, Option<f64>, Place),
 ) -> std::cmp::Ordering {
     let waste = |k: FindingKind| k != FindingKind::NoActivityData;
     waste(b_kind)
         .cmp(&waste(a_kind))
         .then(b_usd.unwrap_or(-1.0).total_cmp(&a_usd.unwrap_or(-1.0)))
         .then(a_kind.cmp(&b_kind))
-        .then(a_what.cmp(b_what))
+        .then_with(|| a_what.cmp(&b_what))
 }
 
 impl Finding {
     /// What [`rank`] orders findings by: kind, $ per month, place.
-    pub fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
-        (self.kind, self.usd_per_month, &self.what)
+    pub fn rank_key(&self) -> (FindingKind, Option<f64>, Place<'_>) {
+        (self.kind, self.usd_per_month, Place::Text(&self.what))
     }
 }
 
-/// The positions in `items` of the first `n` in [`rank`]'s order (ties in their order in
-/// `items`, as `rank` keeps them), ranked: `rank` of all of them, cut to `n`, without
+/// The positions in `items` of the first `n` by `order` (ties by position in `items`, as a
+/// stable sort keeps them), in that order: a stable sort of all of them, cut to `n`, without
 /// ordering the rest (the Overview shows eight findings of tens of thousands).
 pub fn first_ranked<T>(
     items: &[T],
     n: usize,
-    key: impl Fn(&T) -> (FindingKind, Option<f64>, &str),
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
 ) -> Vec<usize> {
-    let order = |i: &usize, j: &usize| rank_order(key(&items[*i]), key(&items[*j])).then(i.cmp(j));
-    let mut at: Vec<usize> = (0..items.len()).collect();
     if n == 0 {
         return Vec::new();
     }
+    let order = |i: &usize, j: &usize| order(&items[*i], &items[*j]).then(i.cmp(j));
+    let mut at: Vec<usize> = (0..items.len()).collect();
     if at.len() > n {
         at.select_nth_unstable_by(n - 1, order);
         at.truncate(n);
@@ -703,11 +750,35 @@ mod tests {
             let mut ranked = items.clone();
             rank(&mut ranked);
             for n in [0, 1, 8, len.saturating_sub(1), len, len + 3] {
-                let first: Vec<Finding> = first_ranked(&items, n, Finding::rank_key)
+                let by_rank = |a: &Finding, b: &Finding| rank_order(a.rank_key(), b.rank_key());
+                let first: Vec<Finding> = first_ranked(&items, n, by_rank)
                     .into_iter()
                     .map(|i| items[i].clone())
                     .collect();
                 assert_eq!(first, ranked[..n.min(len)], "round {round}, n {n}");
+            }
+        }
+    }
+
+    /// A GPU's place not yet written orders as its text would, against written places and
+    /// other GPUs' (a model that is a prefix of another, no host, a text equal to it).
+    #[test]
+    fn a_place_orders_as_its_text() {
+        let models = ["T4", "T4 on", "T4 on h", "A100", "", "T4 on h1"];
+        let hosts = [None, Some("h"), Some("h1"), Some(""), Some("unknown")];
+        let mut places = Vec::new();
+        for model in models {
+            for host in hosts {
+                places.push((Place::Gpu { model, host }, where_(model, host)));
+            }
+        }
+        let texts: Vec<String> = places.iter().map(|(_, t)| t.clone()).collect();
+        for t in &texts {
+            places.push((Place::Text(t), t.clone()));
+        }
+        for (a, at) in &places {
+            for (b, bt) in &places {
+                assert_eq!(a.cmp(b), at.cmp(bt), "{at:?} against {bt:?}");
             }
         }
     }

@@ -4,8 +4,8 @@
 
 use gpuledger_ledger::waste::{
     activity_candidate, allocated_idle_finding, billed_unseen_finding, first_ranked,
-    low_memory_finding, missing_finding, per_month, rank, ActivityCandidate, ActivityEvidence,
-    BilledUnseen, Finding, FindingKind, IdleWorkload,
+    low_memory_finding, missing_finding, per_month, rank, rank_order, ActivityCandidate,
+    ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload, Place,
 };
 
 use super::{col, count, ncol, usd0, Cell, Frame, Table};
@@ -44,6 +44,16 @@ pub struct Listing {
     pub top: Option<usize>,
 }
 
+/// The order the idle and unmeasured GPUs are listed in: $ per month (largest first), then
+/// days (most first), then UUID.
+fn listed(a: &ActivityCandidate, b: &ActivityCandidate) -> std::cmp::Ordering {
+    b.usd_per_month
+        .unwrap_or(-1.0)
+        .total_cmp(&a.usd_per_month.unwrap_or(-1.0))
+        .then(b.days.cmp(&a.days))
+        .then_with(|| a.gpu().uuid.cmp(&b.gpu().uuid))
+}
+
 /// A finding to rank: an idle or unmeasured GPU's, not yet written, or any other.
 enum Ranked<'a> {
     Gpu(&'a ActivityCandidate<'a>),
@@ -51,10 +61,22 @@ enum Ranked<'a> {
 }
 
 impl Ranked<'_> {
-    fn rank_key(&self) -> (FindingKind, Option<f64>, &str) {
+    fn rank_key(&self) -> (FindingKind, Option<f64>, Place<'_>) {
         match self {
             Ranked::Gpu(c) => c.rank_key(),
             Ranked::Other(x) => x.rank_key(),
+        }
+    }
+
+    /// `rank`'s order of the findings as [`findings`] lists them before ranking: the GPUs'
+    /// by $ per month, then days (most first), then UUID, then the others in their order
+    /// (`Equal` here, so that their positions decide).
+    fn listed_order(&self, other: &Self) -> std::cmp::Ordering {
+        match (self, other) {
+            (Ranked::Gpu(a), Ranked::Gpu(b)) => listed(a, b),
+            (Ranked::Gpu(_), Ranked::Other(_)) => std::cmp::Ordering::Less,
+            (Ranked::Other(_), Ranked::Gpu(_)) => std::cmp::Ordering::Greater,
+            (Ranked::Other(_), Ranked::Other(_)) => std::cmp::Ordering::Equal,
         }
     }
 
@@ -183,13 +205,10 @@ pub fn findings(
             activity_candidate(g, ev, now.timestamp(), idle_days)
         })
         .collect();
-    found.sort_by(|a, b| {
-        b.usd_per_month
-            .unwrap_or(-1.0)
-            .total_cmp(&a.usd_per_month.unwrap_or(-1.0))
-            .then(b.days.cmp(&a.days))
-            .then(a.gpu().uuid.cmp(&b.gpu().uuid))
-    });
+    // Listed in order where all are written; else ranked by the same order as a tie-break.
+    if tables || top.is_none() {
+        found.sort_unstable_by(listed);
+    }
     for c in &found {
         let table = match c.kind {
             FindingKind::IdleGpu => &mut idle,
@@ -383,7 +402,9 @@ pub fn findings(
     }
     let mut all: Vec<Finding> = match top {
         Some(n) => {
-            let first = first_ranked(&all, n, Ranked::rank_key);
+            let first = first_ranked(&all, n, |a, b| {
+                rank_order(a.rank_key(), b.rank_key()).then_with(|| a.listed_order(b))
+            });
             let mut slots: Vec<Option<Ranked>> = all.into_iter().map(Some).collect();
             first
                 .into_iter()
