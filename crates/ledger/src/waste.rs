@@ -419,26 +419,62 @@ pub fn allocated_idle_finding(w: &IdleWorkload, window_hours: f64) -> Finding {
 /// [`LOW_MEMORY_SHARE`] of its memory: the share, and the finding (a MIG half or a smaller GPU
 /// saves about half its rate).
 pub fn low_memory_finding(w: &GpuWindow) -> Option<(f64, Finding)> {
+    low_memory_candidate(w).map(|c| (c.share, c.finding()))
+}
+
+/// [`low_memory_finding`] before its text is written, as [`activity_candidate`].
+pub fn low_memory_candidate(w: &GpuWindow) -> Option<LowMemoryCandidate<'_>> {
     let cap = w.memory_mib? as f64;
     let peak = w.mem_max_mib?;
     let share = peak / cap;
     if w.present_hours < 24 || cap <= 0.0 || share >= LOW_MEMORY_SHARE {
         return None;
     }
-    Some((
-        share,
+    Some(LowMemoryCandidate { w, share })
+}
+
+/// A GPU's low-memory finding, ranked but not yet written ([`low_memory_candidate`]).
+#[derive(Debug, Clone)]
+pub struct LowMemoryCandidate<'a> {
+    w: &'a GpuWindow,
+    /// Its peak memory use as a share of its memory.
+    pub share: f64,
+}
+
+impl LowMemoryCandidate<'_> {
+    /// The GPU's counts it is about.
+    pub fn window(&self) -> &GpuWindow {
+        self.w
+    }
+
+    /// What [`rank`] orders it by, as [`Finding::rank_key`].
+    pub fn rank_key(&self) -> (FindingKind, Option<f64>, Place<'_>) {
+        let place = Place::Gpu {
+            model: &self.w.model,
+            host: self.w.host.as_deref(),
+        };
+        (FindingKind::LowMemory, self.usd_per_month(), place)
+    }
+
+    fn usd_per_month(&self) -> Option<f64> {
+        self.w.usd_per_hour.map(|r| per_month(r) * 0.5)
+    }
+
+    /// The finding, written.
+    pub fn finding(&self) -> Finding {
+        let w = self.w;
         Finding {
             kind: FindingKind::LowMemory,
             what: where_(&w.model, w.host.as_deref()),
             team: w.team.clone(),
             detail: format!(
                 "peak memory {:.0} % of capacity: a smaller GPU or a MIG profile would do",
-                share * 100.0
+                self.share * 100.0
             ),
             evidence: format!("/gpus/{}", w.uuid),
-            usd_per_month: w.usd_per_hour.map(|r| per_month(r) * 0.5),
-        },
-    ))
+            usd_per_month: self.usd_per_month(),
+        }
+    }
 }
 
 /// A GPU that stopped reporting: still paid for?

@@ -4,8 +4,8 @@
 
 use gpuledger_ledger::waste::{
     activity_candidate, allocated_idle_finding, billed_unseen_finding, first_ranked,
-    low_memory_finding, missing_finding, per_month, rank, rank_order, ActivityCandidate,
-    ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload, Place,
+    low_memory_candidate, missing_finding, per_month, rank, rank_order, ActivityCandidate,
+    ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload, LowMemoryCandidate, Place,
 };
 
 use super::{col, count, ncol, usd0, Cell, Frame, Table};
@@ -54,9 +54,20 @@ fn listed(a: &ActivityCandidate, b: &ActivityCandidate) -> std::cmp::Ordering {
         .then_with(|| a.gpu().uuid.cmp(&b.gpu().uuid))
 }
 
-/// A finding to rank: an idle or unmeasured GPU's, not yet written, or any other.
+/// The order the low-memory GPUs are listed in: rate (largest first), then UUID.
+fn listed_low(a: &LowMemoryCandidate, b: &LowMemoryCandidate) -> std::cmp::Ordering {
+    let (a, b) = (a.window(), b.window());
+    b.usd_per_hour
+        .unwrap_or(0.0)
+        .total_cmp(&a.usd_per_hour.unwrap_or(0.0))
+        .then_with(|| a.uuid.cmp(&b.uuid))
+}
+
+/// A finding to rank: an idle or unmeasured GPU's or a low-memory GPU's, not yet written, or
+/// any other.
 enum Ranked<'a> {
     Gpu(&'a ActivityCandidate<'a>),
+    Low(&'a LowMemoryCandidate<'a>),
     Other(Finding),
 }
 
@@ -64,25 +75,35 @@ impl Ranked<'_> {
     fn rank_key(&self) -> (FindingKind, Option<f64>, Place<'_>) {
         match self {
             Ranked::Gpu(c) => c.rank_key(),
+            Ranked::Low(c) => c.rank_key(),
             Ranked::Other(x) => x.rank_key(),
         }
     }
 
-    /// `rank`'s order of the findings as [`findings`] lists them before ranking: the GPUs'
-    /// by $ per month, then days (most first), then UUID, then the others in their order
-    /// (`Equal` here, so that their positions decide).
+    /// The order [`findings`] lists findings of one kind in before ranking, for findings
+    /// `rank` holds equal (so of one kind): the idle and unmeasured GPUs' by [`listed`], the
+    /// low-memory GPUs' by [`listed_low`], the others `Equal` (their positions decide). Kinds
+    /// apart, by variant, only to keep the order total.
     fn listed_order(&self, other: &Self) -> std::cmp::Ordering {
         match (self, other) {
             (Ranked::Gpu(a), Ranked::Gpu(b)) => listed(a, b),
-            (Ranked::Gpu(_), Ranked::Other(_)) => std::cmp::Ordering::Less,
-            (Ranked::Other(_), Ranked::Gpu(_)) => std::cmp::Ordering::Greater,
-            (Ranked::Other(_), Ranked::Other(_)) => std::cmp::Ordering::Equal,
+            (Ranked::Low(a), Ranked::Low(b)) => listed_low(a, b),
+            _ => self.variant().cmp(&other.variant()),
+        }
+    }
+
+    fn variant(&self) -> u8 {
+        match self {
+            Ranked::Gpu(_) => 0,
+            Ranked::Low(_) => 1,
+            Ranked::Other(_) => 2,
         }
     }
 
     fn finding(self) -> Finding {
         match self {
             Ranked::Gpu(c) => c.finding(),
+            Ranked::Low(c) => c.finding(),
             Ranked::Other(x) => x,
         }
     }
@@ -293,21 +314,17 @@ pub fn findings(
             ),
         ],
     );
-    let mut lows: Vec<_> = windows
-        .iter()
-        .filter_map(|w| low_memory_finding(w).map(|(share, x)| (w, share, x)))
-        .collect();
-    lows.sort_by(|a, b| {
-        b.0.usd_per_hour
-            .unwrap_or(0.0)
-            .total_cmp(&a.0.usd_per_hour.unwrap_or(0.0))
-            .then(a.0.uuid.cmp(&b.0.uuid))
-    });
-    for (w, share, x) in lows {
-        let act = w.avg_activity_pct();
+    let mut lows: Vec<LowMemoryCandidate> =
+        windows.iter().filter_map(low_memory_candidate).collect();
+    if tables || top.is_none() {
+        lows.sort_by(listed_low);
+    }
+    for c in &lows {
         if tables {
+            let (w, share) = (c.window(), c.share);
+            let act = w.avg_activity_pct();
             low_mem.push(vec![
-                Cell::text(w.uuid.clone()).link(link(&x)),
+                Cell::text(w.uuid.clone()).link(link(&c.finding())),
                 Cell::text(w.team.clone()),
                 Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
                 Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
@@ -315,7 +332,7 @@ pub fn findings(
                 month_cell(w.usd_per_hour.map(per_month)),
             ]);
         }
-        all.push(Ranked::Other(x));
+        all.push(Ranked::Low(c));
     }
 
     let mut missing = Table::new(
