@@ -82,8 +82,9 @@ impl Ranked<'_> {
 
     /// The order [`findings`] lists findings of one kind in before ranking, for findings
     /// `rank` holds equal (so of one kind): the idle and unmeasured GPUs' by [`listed`], the
-    /// low-memory GPUs' by [`listed_low`], the others `Equal` (their positions decide). Kinds
-    /// apart, by variant, only to keep the order total.
+    /// low-memory GPUs' by [`listed_low`], the others, written (all of them where the tables
+    /// are filled, as listed), `Equal` (their positions decide). Kinds apart, by variant, only
+    /// to keep the order total.
     fn listed_order(&self, other: &Self) -> std::cmp::Ordering {
         match (self, other) {
             (Ranked::Gpu(a), Ranked::Gpu(b)) => listed(a, b),
@@ -236,17 +237,21 @@ pub fn findings(
             _ => &mut unmeasured,
         };
         if tables {
+            // Written once, for its row's link and the list.
+            let x = c.finding();
             let (g, days) = (c.gpu(), c.days);
             table.push(vec![
-                Cell::text(g.uuid.clone()).link(link(&c.finding())),
+                Cell::text(g.uuid.clone()).link(link(&x)),
                 Cell::text(g.host.clone().unwrap_or_default()),
                 Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
                 Cell::text(g.model.clone()),
                 Cell::num(format!("{days} d"), days as f64),
                 month_cell(g.usd_per_hour.map(per_month)),
             ]);
+            all.push(Ranked::Other(x));
+        } else {
+            all.push(Ranked::Gpu(c));
         }
-        all.push(Ranked::Gpu(c));
     }
 
     let mut alloc_idle = Table::new(
@@ -321,18 +326,21 @@ pub fn findings(
     }
     for c in &lows {
         if tables {
+            let x = c.finding();
             let (w, share) = (c.window(), c.share);
             let act = w.avg_activity_pct();
             low_mem.push(vec![
-                Cell::text(w.uuid.clone()).link(link(&c.finding())),
+                Cell::text(w.uuid.clone()).link(link(&x)),
                 Cell::text(w.team.clone()),
                 Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
                 Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
                 Cell::num(super::pct(act), act.unwrap_or(-1.0)),
                 month_cell(w.usd_per_hour.map(per_month)),
             ]);
+            all.push(Ranked::Other(x));
+        } else {
+            all.push(Ranked::Low(c));
         }
-        all.push(Ranked::Low(c));
     }
 
     let mut missing = Table::new(
