@@ -585,7 +585,7 @@ impl Store {
                     .kept_list(false, true, now)
                     .await?
                     .iter()
-                    .filter(|g| filters.admits(|k| g.value(k)))
+                    .filter(|g| filters.admits(g.filter_values()))
                     .map(|g| g.id)
                     .collect();
                 std::sync::Arc::new(

@@ -74,12 +74,13 @@ impl Filters {
     }
 
     /// Whether a row passes the filters as their SQL clause ([`Filters::clause_with`]) passes
-    /// it: for each key filtered, the row's value (`value` of the key) is one of the key's
-    /// values, byte for byte as the database compares text; a row without one (NULL) passes
-    /// no filter of its key. What a kept whole-fleet answer is filtered by (`crate::live`).
-    pub(crate) fn admits<'a>(&self, value: impl Fn(&str) -> Option<&'a str>) -> bool {
-        self.iter().all(|(key, values)| {
-            values.is_empty() || value(key).is_some_and(|v| values.iter().any(|x| x == v))
+    /// it: for each key filtered, the row's value (`row`, in [`Filters::KEYS`] order) is one
+    /// of the key's values, byte for byte as the database compares text; a row without one
+    /// (NULL) passes no filter of its key. What a kept whole-fleet answer is filtered by
+    /// (`crate::live`).
+    pub(crate) fn admits(&self, row: [Option<&str>; 6]) -> bool {
+        self.iter().zip(row).all(|((_, values), v)| {
+            values.is_empty() || v.is_some_and(|v| values.iter().any(|x| x == v))
         })
     }
 
@@ -269,7 +270,7 @@ impl Store {
         let now = now.timestamp();
         Ok(rows
             .iter()
-            .filter(|r| filters.admits(|k| r.value(k)))
+            .filter(|r| filters.admits(r.filter_values()))
             .map(|r| {
                 let mut view = r.view.clone();
                 view.state = self.state_at(view.last_seen.timestamp(), now);
@@ -821,7 +822,7 @@ impl Store {
             )
             .await?;
         let wanted =
-            |r: &WindowRow| r.o_to.is_none_or(|to| to > lo) && filters.admits(|k| r.value(k));
+            |r: &WindowRow| r.o_to.is_none_or(|to| to > lo) && filters.admits(r.filter_values());
         if all.iter().all(wanted) {
             return Ok(all);
         }
@@ -1248,19 +1249,20 @@ pub(crate) struct ListedGpu {
 }
 
 impl ListedGpu {
-    /// The GPU's value of filter `key` ([`Filters::admits`]), as the GPU list's SQL clause
-    /// reads it: the `gpus` row's own columns, its current owner's team and environment.
-    pub(crate) fn value(&self, key: &str) -> Option<&str> {
+    /// The GPU's values of the filter keys ([`Filters::admits`]), as the GPU list's SQL
+    /// clause reads them: the `gpus` row's own columns, its current owner's team and
+    /// environment.
+    pub(crate) fn filter_values(&self) -> [Option<&str>; 6] {
         let v = &self.view;
-        match key {
-            "team" => Some(&v.team),
-            "env" => Some(&v.env),
-            "cloud" => v.cloud.as_deref(),
-            "cluster" => v.cluster.as_deref(),
-            "model" => Some(&v.model),
-            "vendor" => self.vendor.as_deref(),
-            _ => None,
-        }
+        let (cloud, cluster) = (v.cloud.as_deref(), v.cluster.as_deref());
+        [
+            Some(&v.team),
+            Some(&v.env),
+            cloud,
+            cluster,
+            Some(&v.model),
+            self.vendor.as_deref(),
+        ]
     }
 }
 
@@ -1277,18 +1279,19 @@ impl LiveRow for WindowRow {
 }
 
 impl WindowRow {
-    /// The row's value of filter `key` ([`Filters::admits`]): its owner period's team and
-    /// environment, the GPU's other attributes; `None` where the column is NULL.
-    fn value(&self, key: &str) -> Option<&str> {
-        match key {
-            "team" => Some(&self.team),
-            "env" => Some(&self.env),
-            "cloud" => self.cloud.as_deref(),
-            "cluster" => self.cluster.as_deref(),
-            "model" => Some(&self.model),
-            "vendor" => self.vendor.as_deref(),
-            _ => None,
-        }
+    /// The row's values of the filter keys ([`Filters::admits`]): its owner period's team
+    /// and environment, the GPU's other attributes; `None` where the column is NULL.
+    fn filter_values(&self) -> [Option<&str>; 6] {
+        let (cloud, cluster) = (self.cloud.as_deref(), self.cluster.as_deref());
+        let vendor = self.vendor.as_deref();
+        [
+            Some(&self.team),
+            Some(&self.env),
+            cloud,
+            cluster,
+            Some(&self.model),
+            vendor,
+        ]
     }
 
     /// `rows` by GPU (UUID) and owner period in time order, as the readers fold them: sorted
