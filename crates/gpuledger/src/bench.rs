@@ -360,12 +360,17 @@ impl History {
             .await?;
         let gpus: BTreeMap<String, (String, i64)> = list
             .iter()
-            .map(|g| (g.uuid.clone(), (g.team.clone(), g.last_seen.timestamp())))
+            .map(|g| {
+                (
+                    g.uuid.to_string(),
+                    (g.team.to_string(), g.last_seen.timestamp()),
+                )
+            })
             .collect();
         // By key: a search of the list per host took minutes at 100,000 GPUs.
         let first_seen: HashMap<&str, i64> = list
             .iter()
-            .map(|g| (g.uuid.as_str(), g.first_seen.timestamp()))
+            .map(|g| (&*g.uuid, g.first_seen.timestamp()))
             .collect();
         let from = fleet
             .hosts

@@ -175,7 +175,7 @@ async fn compare_and_store(
 ) -> anyhow::Result<()> {
     let now = inv.observed_at;
     let all = store.list_gpus(&Filters::default(), false, now).await?;
-    let by_uuid: BTreeMap<&str, &GpuView> = all.iter().map(|g| (g.uuid.as_str(), g)).collect();
+    let by_uuid: BTreeMap<&str, &GpuView> = all.iter().map(|g| (&*g.uuid, g)).collect();
     let mut by_host: BTreeMap<&str, Vec<&GpuView>> = BTreeMap::new();
     for g in &all {
         if let Some(h) = g.host.as_deref() {
@@ -197,12 +197,12 @@ async fn compare_and_store(
     let counted: BTreeSet<&str> = inv.hosts.iter().map(|h| h.host.host.as_str()).collect();
     let gone: Vec<&GpuView> = all
         .iter()
-        .filter(|g| g.source == source)
+        .filter(|g| *g.source == *source)
         .filter(|g| {
             if g.placeholder {
                 !g.host.as_deref().is_some_and(|h| counted.contains(h))
             } else {
-                !in_sheet.contains(g.uuid.as_str())
+                !in_sheet.contains(&*g.uuid)
             }
         })
         .collect();
@@ -298,21 +298,21 @@ async fn compare_and_store(
 /// A stored GPU as the merge sees it.
 fn record_of(v: &GpuView) -> GpuRecord {
     GpuRecord {
-        uuid: v.uuid.clone(),
-        model: v.model.clone(),
+        uuid: v.uuid.to_string(),
+        model: v.model.to_string(),
         memory_mib: v.memory_mib,
-        host: v.host.clone(),
-        cluster: v.cluster.clone(),
-        cloud: v.cloud.clone(),
-        region: v.region.clone(),
-        instance_type: v.instance_type.clone(),
-        account: v.account.clone(),
-        serial: v.serial.clone(),
-        pci_bus_id: v.pci_bus_id.clone(),
-        mig_parent_uuid: v.mig_parent_uuid.clone(),
-        mig_profile: v.mig_profile.clone(),
-        labels: v.labels.clone(),
-        source: v.source.clone(),
+        host: v.host.as_deref().map(str::to_string),
+        cluster: v.cluster.as_deref().map(str::to_string),
+        cloud: v.cloud.as_deref().map(str::to_string),
+        region: v.region.as_deref().map(str::to_string),
+        instance_type: v.instance_type.as_deref().map(str::to_string),
+        account: v.account.as_deref().map(str::to_string),
+        serial: v.serial.as_deref().map(str::to_string),
+        pci_bus_id: v.pci_bus_id.as_deref().map(str::to_string),
+        mig_parent_uuid: v.mig_parent_uuid.as_deref().map(str::to_string),
+        mig_profile: v.mig_profile.as_deref().map(str::to_string),
+        labels: (*v.labels).clone(),
+        source: v.source.to_string(),
         placeholder: v.placeholder,
         first_seen: v.first_seen,
         last_seen: v.last_seen,
@@ -488,7 +488,7 @@ fn plan_host(
     let mut seen = BTreeSet::new();
     for g in placeholders.iter().take(wanted).chain(&real) {
         let old = record_of(g);
-        let own = g.placeholder && g.source == source;
+        let own = g.placeholder && *g.source == *source;
         let template = host_gpu(
             hg,
             &g.uuid,

@@ -121,15 +121,15 @@ async fn the_sample_sheet_reports_imports_and_imports_again_changing_nothing() {
     assert_eq!((real.len(), placeholders.len()), (5, 6), "{stored:#?}");
     let d01 = real
         .iter()
-        .find(|g| g.uuid == "GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d01")
+        .find(|g| *g.uuid == *"GPU-5c1f4b2e-8a44-4b7a-9d0e-6a1f2b3c4d01")
         .unwrap();
-    assert_eq!(d01.source, "sheet:inventory-sample.csv");
+    assert_eq!(&*d01.source, "sheet:inventory-sample.csv");
     assert_eq!(
         (d01.host.as_deref(), d01.cluster.as_deref()),
         (Some("dgx-a01"), Some("rdu-lab"))
     );
     assert_eq!(
-        (d01.team.as_str(), d01.env.as_str()),
+        (&*d01.team, &*d01.env),
         ("research", "prod"),
         "the sheet's team and env are labels the ownership rules read"
     );
@@ -147,8 +147,8 @@ async fn the_sample_sheet_reports_imports_and_imports_again_changing_nothing() {
         .filter(|g| g.host.as_deref() == Some("ws-vision-07"))
         .collect();
     assert_eq!(ws.len(), 2);
-    assert_eq!(ws[0].model, "NVIDIA RTX A6000");
-    assert_eq!(ws[0].team, "vision");
+    assert_eq!(&*ws[0].model, "NVIDIA RTX A6000");
+    assert_eq!(&*ws[0].team, "vision");
     assert_eq!(ws[0].labels["purchase_price_usd"], "4650");
     assert!(
         !stored
@@ -158,7 +158,7 @@ async fn the_sample_sheet_reports_imports_and_imports_again_changing_nothing() {
     );
     assert!(!stored
         .iter()
-        .any(|g| g.uuid == "GPU-7d2e0c9a-1b3f-4e5d-8a6b-9c0d1e2f3a02"));
+        .any(|g| *g.uuid == *"GPU-7d2e0c9a-1b3f-4e5d-8a6b-9c0d1e2f3a02"));
 
     let again = import(&db, &[&file]);
     assert!(again.starts_with(REPORT), "{again}");
@@ -256,9 +256,9 @@ async fn a_sheet_that_disagrees_with_another_source_is_kept_as_a_conflict() {
         .unwrap()
         .unwrap();
     store.close().await;
-    assert_eq!(detail.gpu.team, "nlp", "not overwritten by the sheet");
+    assert_eq!(&*detail.gpu.team, "nlp", "not overwritten by the sheet");
     assert_eq!(detail.gpu.labels["team"], "nlp");
-    assert_eq!(detail.gpu.source, "agent-b01");
+    assert_eq!(&*detail.gpu.source, "agent-b01");
     assert_eq!(detail.gpu.labels["purchase_price_usd"], "35040");
     let conflict = detail
         .conflicts

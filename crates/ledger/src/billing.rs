@@ -429,14 +429,19 @@ pub fn reconcile(
         r.matched_lines += 1;
         let gpus: Vec<&GpuWindow> = month_gpus
             .iter()
-            .filter(|g| g.host.as_deref() == Some(host.as_str()))
+            .filter(|g| g.host.as_deref() == Some(&*host))
             .collect();
         let period = (
             l.charge_period_start.timestamp(),
             l.charge_period_end.timestamp(),
         );
         let in_period = period_hours.get(&period);
-        let hours_in = |g: &GpuWindow| in_period.and_then(|m| m.get(&g.uuid)).copied().unwrap_or(0);
+        let hours_in = |g: &GpuWindow| {
+            in_period
+                .and_then(|m| m.get(&*g.uuid))
+                .copied()
+                .unwrap_or(0)
+        };
         // (weight, hours the share covers, the period they lie in)
         let split: Vec<(f64, i64, (i64, i64))> = if gpus.iter().any(|g| hours_in(g) > 0) {
             gpus.iter()
@@ -456,7 +461,7 @@ pub fn reconcile(
                 continue; // Not there in the period: no share.
             }
             r.shares.push(BilledShare {
-                uuid: g.uuid.clone(),
+                uuid: g.uuid.to_string(),
                 period_start: start,
                 period_end: end,
                 billed_usd: l.effective_cost * w / sum,

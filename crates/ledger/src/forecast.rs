@@ -230,18 +230,13 @@ pub fn day_rows(day: NaiveDate, windows: &[GpuWindow]) -> Vec<DayRow> {
     type Key<'a> = (&'a str, &'a str, Option<&'a str>, &'a str);
     let mut by: BTreeMap<Key, DayRow> = BTreeMap::new();
     for w in windows.iter().filter(|w| w.present_hours > 0) {
-        let key = (
-            w.team.as_str(),
-            w.env.as_str(),
-            w.cloud.as_deref(),
-            w.model.as_str(),
-        );
+        let key = (&*w.team, &*w.env, w.cloud.as_deref(), &*w.model);
         let r = by.entry(key).or_insert_with(|| DayRow {
             day,
-            team: w.team.clone(),
-            env: w.env.clone(),
-            cloud: w.cloud.clone(),
-            model: w.model.clone(),
+            team: w.team.to_string(),
+            env: w.env.to_string(),
+            cloud: w.cloud.as_deref().map(str::to_string),
+            model: w.model.to_string(),
             gpu_hours: 0,
             cost_usd: 0.0,
             unpriced_gpu_hours: 0,

@@ -247,7 +247,7 @@ impl ActivityCandidate<'_> {
         Finding {
             kind: self.kind,
             what: where_(&g.model, g.host.as_deref()),
-            team: g.team.clone(),
+            team: g.team.to_string(),
             detail,
             evidence: format!("/gpus/{}", g.uuid),
             usd_per_month: self.usd_per_month,
@@ -466,7 +466,7 @@ impl LowMemoryCandidate<'_> {
         Finding {
             kind: FindingKind::LowMemory,
             what: where_(&w.model, w.host.as_deref()),
-            team: w.team.clone(),
+            team: w.team.to_string(),
             detail: format!(
                 "peak memory {:.0} % of capacity: a smaller GPU or a MIG profile would do",
                 self.share * 100.0
@@ -482,7 +482,7 @@ pub fn missing_finding(g: &GpuView) -> Option<Finding> {
     (g.state == GpuState::Missing && g.mig_parent_uuid.is_none()).then(|| Finding {
         kind: FindingKind::MissingGpu,
         what: where_(&g.model, g.host.as_deref()),
-        team: g.team.clone(),
+        team: g.team.to_string(),
         detail: format!(
             "not seen since {}: still paid for? check source {}",
             g.last_seen.format("%Y-%m-%d %H:%M"),
@@ -613,14 +613,14 @@ mod tests {
             pci_bus_id: None,
             team: "nlp".into(),
             env: "prod".into(),
-            owner_reason: String::new(),
+            owner_reason: "".into(),
             state: GpuState::Present,
             first_seen: Utc
                 .timestamp_opt(NOW - first_days_ago * DAY_SECS, 0)
                 .unwrap(),
             last_seen: Utc.timestamp_opt(NOW, 0).unwrap(),
             usd_per_hour: rate,
-            rate_origin: String::new(),
+            rate_origin: "".into(),
             mig_parent_uuid: None,
             mig_profile: None,
             placeholder: false,

@@ -200,7 +200,12 @@ impl Store {
             .list_gpus(&filters, false, now)
             .await?
             .into_iter()
-            .filter_map(|g| Some((g.labels.get("instance_id")?.to_ascii_lowercase(), g.host?)))
+            .filter_map(|g| {
+                Some((
+                    g.labels.get("instance_id")?.to_ascii_lowercase(),
+                    g.host?.to_string(),
+                ))
+            })
             .collect();
         let mut report = reconcile(&lines, &windows, &period_hours, &aliases, problems);
 

@@ -1392,10 +1392,8 @@ mod tests {
             .list_gpus(&Filters::default(), false, t3)
             .await
             .unwrap();
-        let hosts: Vec<(&str, Option<&str>)> = gpus
-            .iter()
-            .map(|g| (g.uuid.as_str(), g.host.as_deref()))
-            .collect();
+        let hosts: Vec<(&str, Option<&str>)> =
+            gpus.iter().map(|g| (&*g.uuid, g.host.as_deref())).collect();
         assert_eq!(
             hosts,
             [

@@ -511,8 +511,8 @@ async fn ingest_other_source_cannot_overwrite(store: Store) {
     assert_eq!(out.rejected.len(), 1);
     assert!(out.rejected[0].reason.contains("reported by source `hand`"));
     let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
-    assert_eq!(d.gpu.model, "NVIDIA H100 80GB HBM3");
-    assert_eq!(d.gpu.team, "nlp");
+    assert_eq!(&*d.gpu.model, "NVIDIA H100 80GB HBM3");
+    assert_eq!(&*d.gpu.team, "nlp");
     assert_eq!(
         d.gpu.serial.as_deref(),
         Some("S-1"),
@@ -525,15 +525,12 @@ async fn ingest_other_source_cannot_overwrite(store: Store) {
         .iter()
         .find(|p| p.attribute == "serial")
         .unwrap();
-    assert_eq!(
-        (serial.source.as_str(), serial.value.as_str()),
-        ("other", "S-1")
-    );
+    assert_eq!((&*serial.source, serial.value.as_str()), ("other", "S-1"));
     let model: Vec<&str> = d
         .provenance
         .iter()
         .filter(|p| p.attribute == "model")
-        .map(|p| p.source.as_str())
+        .map(|p| &*p.source)
         .collect();
     assert_eq!(model, ["other", "hand"]);
 }
@@ -760,7 +757,7 @@ async fn placeholder_pool_allocations_move_to_exact_gpus(store: Store) {
     assert_eq!(on_b.len(), 2, "{on_b:?}");
     assert!(on_b.contains(&("ns/p".to_string(), "k8s".to_string())));
     let d = store.gpu_detail(B, dec2(), now()).await.unwrap().unwrap();
-    let k = d.allocations.iter().find(|a| a.source == "k8s").unwrap();
+    let k = d.allocations.iter().find(|a| *a.source == *"k8s").unwrap();
     assert_eq!(
         (k.team.as_deref(), k.owner.as_deref()),
         (Some("infra"), Some("Job/train"))
@@ -877,15 +874,15 @@ async fn ingest_sources_disagreeing_on_a_team_are_kept_and_shown(store: Store) {
         to: t("2026-12-03T00:00:00Z").timestamp(),
     };
     let d = store.gpu_detail(A, window, now()).await.unwrap().unwrap();
-    assert_eq!(d.gpu.team, "nlp", "the primary source's label is kept");
-    assert_eq!(d.gpu.env, "prod", "the other source filled the gap");
+    assert_eq!(&*d.gpu.team, "nlp", "the primary source's label is kept");
+    assert_eq!(&*d.gpu.env, "prod", "the other source filled the gap");
     assert_eq!(d.conflicts.len(), 1, "{:?}", d.conflicts);
     let c = &d.conflicts[0];
     assert_eq!(c.attribute, "labels.team");
     let said: Vec<(&str, &str)> = c
         .values
         .iter()
-        .map(|v| (v.source.as_str(), v.value.as_str()))
+        .map(|v| (&*v.source, v.value.as_str()))
         .collect();
     assert!(
         said.contains(&("k8s", "team=nlp")) && said.contains(&("cmdb", "team=vision")),
@@ -983,15 +980,15 @@ async fn gpus_list_filters_and_detail(store: Store) {
         .await
         .unwrap();
     assert_eq!(all.len(), 3);
-    let a = all.iter().find(|g| g.uuid == A).unwrap();
+    let a = all.iter().find(|g| *g.uuid == *A).unwrap();
     assert_eq!(a.state, gpuledger_model::GpuState::Missing);
-    assert_eq!((a.team.as_str(), a.env.as_str()), ("nlp", "prod"));
+    assert_eq!((&*a.team, &*a.env), ("nlp", "prod"));
     assert!(
         a.owner_reason.starts_with("owner: nlp — label `team=nlp`"),
         "{}",
         a.owner_reason
     );
-    assert_eq!(a.rate_origin, "built-in default (H100)");
+    assert_eq!(&*a.rate_origin, "built-in default (H100)");
     let with_mig = store
         .list_gpus(&Filters::default(), true, now())
         .await
@@ -1002,13 +999,16 @@ async fn gpus_list_filters_and_detail(store: Store) {
         ..Default::default()
     };
     let v = store.list_gpus(&f, false, now()).await.unwrap();
-    assert_eq!(v.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(), [B]);
+    assert_eq!(v.iter().map(|g| &*g.uuid).collect::<Vec<_>>(), [B]);
     let f = Filters {
         model: vec!["Mystery GPU".into()],
         env: vec!["unknown".into()],
         ..Default::default()
     };
-    assert_eq!(store.list_gpus(&f, false, now()).await.unwrap()[0].uuid, C);
+    assert_eq!(
+        &*store.list_gpus(&f, false, now()).await.unwrap()[0].uuid,
+        C
+    );
     let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
     assert_eq!(d.mig_children, [A_MIG]);
     assert_eq!(d.hours.len(), 6);
@@ -1051,17 +1051,17 @@ async fn ownership_rules_place_gpus_with_their_reason() {
         .list_gpus(&Filters::default(), false, now())
         .await
         .unwrap();
-    let a = gpus.iter().find(|g| g.uuid == A).unwrap();
-    assert_eq!((a.team.as_str(), a.env.as_str()), ("research", "dev"));
+    let a = gpus.iter().find(|g| *g.uuid == *A).unwrap();
+    assert_eq!((&*a.team, &*a.env), ("research", "dev"));
     assert_eq!(
-        a.owner_reason,
+        &*a.owner_reason,
         "owner: research — rule 1 `rdu research`: cluster `rdu-1`, host `dgx-2` (from source \
          agent, seen 2026-12-02 11:00 UTC); env: dev — rule 1 `rdu research`: cluster `rdu-1`, \
          host `dgx-2`, label `stage` `Dev` (from source agent, seen 2026-12-02 11:00 UTC); GPU \
          first reported by source agent"
     );
-    let b = gpus.iter().find(|g| g.uuid == B).unwrap();
-    assert_eq!(b.team, "nlp", "no rule matches: the team label decides");
+    let b = gpus.iter().find(|g| *g.uuid == *B).unwrap();
+    assert_eq!(&*b.team, "nlp", "no rule matches: the team label decides");
 }
 
 /// Owner history, on both backends: a rule change at start moves the owner from the current
@@ -1165,7 +1165,7 @@ async fn owner_history_keeps_the_past_and_reattribute_rewrites_it(
         .iter()
         .map(|p| {
             (
-                p.team.as_str(),
+                &*p.team,
                 p.from.map(|t| t.timestamp()),
                 p.to.map(|t| t.timestamp()),
             )
@@ -1214,10 +1214,7 @@ async fn owner_history_keeps_the_past_and_reattribute_rewrites_it(
         .await
         .unwrap();
     assert_eq!(per_gpu.len(), 1);
-    assert_eq!(
-        (per_gpu[0].present_hours, per_gpu[0].team.as_str()),
-        (5, "vision")
-    );
+    assert_eq!((per_gpu[0].present_hours, &*per_gpu[0].team), (5, "vision"));
     let series = store
         .series(past, &vision, false, Utc::now())
         .await
@@ -1240,7 +1237,7 @@ async fn owner_history_keeps_the_past_and_reattribute_rewrites_it(
         .iter()
         .map(|p| {
             (
-                p.team.as_str(),
+                &*p.team,
                 p.from.map(|t| t.timestamp()),
                 p.to.map(|t| t.timestamp()),
             )
@@ -1314,7 +1311,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     )
     .await;
     let (g, _) = owner(&store, ph).await;
-    assert_eq!((g.team.as_str(), g.env.as_str()), ("nlp", "prod"));
+    assert_eq!((&*g.team, &*g.env), ("nlp", "prod"));
     assert!(
         g.owner_reason.starts_with(
             "placeholder: a GPU of node-q counted by source k8s, not yet named by a UUID-aware \
@@ -1337,7 +1334,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     )
     .await;
     let (g, periods) = owner(&store, A).await;
-    assert_eq!(g.team, "nlp", "{}", g.owner_reason);
+    assert_eq!(&*g.team, "nlp", "{}", g.owner_reason);
     assert_eq!(
         periods,
         [
@@ -1359,7 +1356,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
         t("2026-12-02T10:01:00Z"),
     )
     .await;
-    assert_eq!(owner(&store, A).await.0.team, "nlp");
+    assert_eq!(&*owner(&store, A).await.0.team, "nlp");
     collect_at(
         &store,
         &k8s,
@@ -1368,7 +1365,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     )
     .await;
     let (g, periods) = owner(&store, A).await;
-    assert_eq!(g.team, "vision");
+    assert_eq!(&*g.team, "vision");
     assert_eq!(
         periods,
         [
@@ -1391,7 +1388,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     )
     .await;
     let (g, periods) = owner(&store, A).await;
-    assert_eq!(g.team, "vision");
+    assert_eq!(&*g.team, "vision");
     assert_eq!(periods.len(), 3);
     assert!(
         g.owner_reason
@@ -1435,7 +1432,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
     )
     .await;
     let (g, periods) = owner(&store, A).await;
-    assert_eq!(g.team, "nlp");
+    assert_eq!(&*g.team, "nlp");
     assert_eq!(
         periods[2..],
         [
@@ -1468,7 +1465,7 @@ async fn workload_rules_follow_the_pods_holding_a_gpu(
         "{}",
         out.rejected[0].reason
     );
-    assert_eq!(owner(&store, A).await.0.team, "nlp");
+    assert_eq!(&*owner(&store, A).await.0.team, "nlp");
 
     // Re-attributing replays the holders since the date: the history comes out the same, not
     // flattened to today's owner.
@@ -1521,14 +1518,14 @@ async fn contracts_price_gpus_by_their_pushed_account() {
         .list_gpus(&Filters::default(), false, now())
         .await
         .unwrap();
-    let a = gpus.iter().find(|g| g.uuid == A).unwrap();
+    let a = gpus.iter().find(|g| *g.uuid == *A).unwrap();
     assert_eq!(a.account.as_deref(), Some("111122223333"));
     assert_eq!(a.usd_per_hour, Some(6.88));
     assert_eq!(
-        a.rate_origin,
+        &*a.rate_origin,
         "contract `p5 plan` (savings_plan; account `111122223333`: p5.48xlarge $55.04/h ÷ 8)"
     );
-    let b = gpus.iter().find(|g| g.uuid == B).unwrap();
+    let b = gpus.iter().find(|g| *g.uuid == *B).unwrap();
     assert_eq!(b.usd_per_hour, Some(12.29));
 }
 
@@ -1558,7 +1555,7 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
     assert_eq!(r.unmatched.len(), 1);
     assert_eq!(r.unmatched[0].resource_id.as_deref(), Some("i-0zzz"));
     assert_eq!(r.gpus.len(), 1);
-    assert_eq!((r.gpus[0].uuid.as_str(), r.gpus[0].billed_usd), (A, 48.0));
+    assert_eq!((&*r.gpus[0].uuid, r.gpus[0].billed_usd), (A, 48.0));
     // 6 present hours × $12.29.
     assert_eq!(r.gpus[0].estimated_usd, Some(73.74));
 
@@ -1846,7 +1843,7 @@ async fn mig_allocations_make_their_gpu_hour_allocated_in_every_figure(store: St
         .used_by_cost(window, &Filters::default(), now())
         .await
         .unwrap();
-    let nlp = used.iter().find(|u| u.team == "nlp").unwrap();
+    let nlp = used.iter().find(|u| *u.team == *"nlp").unwrap();
     assert_eq!((nlp.gpus, nlp.gpu_hours), (1, 2.0));
     let idle = store
         .idle_workloads(window, &Filters::default(), now())
@@ -2729,7 +2726,7 @@ async fn edge_days_from_day_rows_match_their_hours(store: Store) {
         .gpu_windows(w, &Filters::default(), t(now))
         .await
         .unwrap();
-    let seen: Vec<&str> = windows.iter().map(|w| w.uuid.as_str()).collect();
+    let seen: Vec<&str> = windows.iter().map(|w| &*w.uuid).collect();
     assert_eq!(seen, [gpus[1], gpus[2]], "{windows:?}");
     let summary = store
         .summary(w, &Filters::default(), GroupBy::Team, t(now))
@@ -2941,7 +2938,7 @@ async fn live_pushes_move_day_rows_as_their_hours_changed(store: Store) {
                 .count() as i64;
             let sum: f64 = acts.iter().map(|(_, a)| a).sum();
             let mem = mine.iter().map(|(_, (_, _, m))| *m).max();
-            let row = got.iter().find(|x| &x.uuid == uuid);
+            let row = got.iter().find(|x| *x.uuid == **uuid);
             let label = format!("{from}..{to}, {uuid}");
             let row = row.unwrap_or_else(|| panic!("{label}: no row in {got:#?}"));
             assert_eq!(row.known_hours, acts.len() as i64, "{label}");
@@ -3832,11 +3829,7 @@ async fn tokens_are_listed_rotated_revoked_and_expire(store: Store) {
     let listed = store.list_tokens().await.unwrap();
     assert_eq!(listed.len(), 2);
     assert_eq!(
-        (
-            listed[0].role,
-            listed[0].source.as_str(),
-            listed[0].teams.clone()
-        ),
+        (listed[0].role, &*listed[0].source, listed[0].teams.clone()),
         ("ingest", "nlp-cron", vec!["nlp".to_string()])
     );
     assert_eq!(listed[0].last_used_at, None, "never used yet");
@@ -3851,12 +3844,7 @@ async fn tokens_are_listed_rotated_revoked_and_expire(store: Store) {
     let (rotated, row) = store.rotate_token(listed[0].id, now).await.unwrap();
     assert_ne!(rotated, push);
     assert_eq!(
-        (
-            row.role,
-            row.source.as_str(),
-            row.teams.clone(),
-            row.state(now)
-        ),
+        (row.role, &*row.source, row.teams.clone(), row.state(now)),
         ("ingest", "nlp-cron", vec!["nlp".to_string()], "active")
     );
     assert!(
@@ -4099,7 +4087,7 @@ async fn a_workload_named_by_one_source_and_not_another_counts_for_its_team(stor
             )
             .await
             .unwrap();
-        let teams: Vec<&str> = rows.iter().map(|r| r.team.as_str()).collect();
+        let teams: Vec<&str> = rows.iter().map(|r| &*r.team).collect();
         assert_eq!(teams, vec!["nlp"], "{from}..{to}: {rows:?}");
         assert_eq!(rows[0].gpu_hours, 24.0, "{from}..{to}");
     }
@@ -4577,7 +4565,7 @@ async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) 
         .unwrap();
     let gpus = physical(store.clone()).await;
     assert_eq!(gpus.len(), 2, "{gpus:#?}");
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let uuids: Vec<&str> = gpus.iter().map(|g| &*g.uuid).collect();
     assert!(uuids.contains(&A) && uuids.contains(&B), "{uuids:?}");
     for g in &gpus {
         assert_eq!(g.host.as_deref(), Some("ip-10-0-0-1.ec2.internal"));
@@ -4637,7 +4625,7 @@ async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) 
         .collect();
     assert_eq!(on_b.len(), 1, "{on_b:#?}");
     assert_eq!(
-        (on_b[0].uuid.as_str(), on_b[0].host.as_deref()),
+        (&*on_b[0].uuid, on_b[0].host.as_deref()),
         (D, Some("node-b"))
     );
     assert_eq!(
@@ -4653,7 +4641,7 @@ async fn one_cloud_instance_is_one_host_whichever_source_names_it(store: Store) 
     assert_eq!(accounts.len(), 1, "{accounts:?}");
     let a = &accounts[0];
     assert_eq!(
-        (a.source.as_str(), a.kind.as_str(), a.account.as_str()),
+        (&*a.source, a.kind.as_str(), a.account.as_str()),
         ("aws", "aws", "111122223333")
     );
     assert_eq!((a.gpus, a.hosts), (3, 2), "{a:?}");
@@ -4871,7 +4859,7 @@ async fn a_mixed_vendor_fleet_is_one_ledger(store: Store) {
         ..Default::default()
     };
     let gpus = store.list_gpus(&amd_only, true, now()).await.unwrap();
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let uuids: Vec<&str> = gpus.iter().map(|g| &*g.uuid).collect();
     assert_eq!(
         uuids,
         [

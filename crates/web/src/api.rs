@@ -57,8 +57,8 @@ const GPU_CSV_HEADER: [&str; 22] = [
 
 fn gpu_csv_row(g: &GpuView) -> Vec<String> {
     vec![
-        g.uuid.clone(),
-        g.model.clone(),
+        g.uuid.to_string(),
+        g.model.to_string(),
         opt(&g.memory_mib),
         opt(&g.host),
         opt(&g.cluster),
@@ -66,18 +66,18 @@ fn gpu_csv_row(g: &GpuView) -> Vec<String> {
         opt(&g.region),
         opt(&g.instance_type),
         opt(&g.account),
-        g.team.clone(),
-        g.env.clone(),
-        g.owner_reason.clone(),
+        g.team.to_string(),
+        g.env.to_string(),
+        g.owner_reason.to_string(),
         g.state.as_str().to_string(),
         g.first_seen.to_rfc3339(),
         g.last_seen.to_rfc3339(),
         opt(&g.usd_per_hour),
-        g.rate_origin.clone(),
+        g.rate_origin.to_string(),
         opt(&g.mig_parent_uuid),
         opt(&g.mig_profile),
         g.placeholder.to_string(),
-        g.source.clone(),
+        g.source.to_string(),
         g.vendor.map(|v| v.as_str().to_string()).unwrap_or_default(),
     ]
 }
@@ -418,7 +418,7 @@ pub async fn teams(
     };
     let mut owning: std::collections::BTreeMap<String, u64> = Default::default();
     for g in &gpus {
-        *owning.entry(g.team.clone()).or_default() += 1;
+        *owning.entry(g.team.to_string()).or_default() += 1;
     }
     let registry = &state.config.teams;
     let mut names: std::collections::BTreeSet<&String> =

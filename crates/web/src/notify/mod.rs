@@ -479,7 +479,7 @@ impl Notifier {
                     if gpus.is_empty() {
                         continue;
                     }
-                    let uuids: BTreeSet<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+                    let uuids: BTreeSet<&str> = gpus.iter().map(|g| &*g.uuid).collect();
                     let mut lines: Vec<String> = gpus
                         .iter()
                         .take(10)

@@ -223,7 +223,7 @@ pub fn findings(
     let mut found: Vec<ActivityCandidate> = gpus
         .iter()
         .filter_map(|g| {
-            let ev = evidence.get(g.uuid.as_str()).copied().unwrap_or_default();
+            let ev = evidence.get(&*g.uuid).copied().unwrap_or_default();
             activity_candidate(g, ev, now.timestamp(), idle_days)
         })
         .collect();
@@ -241,10 +241,10 @@ pub fn findings(
             let x = c.finding();
             let (g, days) = (c.gpu(), c.days);
             table.push(vec![
-                Cell::text(g.uuid.clone()).link(link(&x)),
-                Cell::text(g.host.clone().unwrap_or_default()),
-                Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
-                Cell::text(g.model.clone()),
+                Cell::text(&*g.uuid).link(link(&x)),
+                Cell::text(g.host.as_deref().unwrap_or_default()),
+                Cell::text(&*g.team).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
+                Cell::text(&*g.model),
                 Cell::num(format!("{days} d"), days as f64),
                 month_cell(g.usd_per_hour.map(per_month)),
             ]);
@@ -285,11 +285,10 @@ pub fn findings(
         let x = allocated_idle_finding(w, window_hours);
         if tables {
             alloc_idle.push(vec![
-                Cell::text(w.workload.clone()),
-                Cell::text(w.kind.clone()),
-                Cell::text(w.used_by.clone()),
-                Cell::text(w.owner.clone())
-                    .link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
+                Cell::text(&*w.workload),
+                Cell::text(&*w.kind),
+                Cell::text(&*w.used_by),
+                Cell::text(&*w.owner).link(f.link(&format!("/teams/{}", super::enc(&w.owner)))),
                 Cell::num(count(w.gpus), w.gpus as f64),
                 Cell::num(
                     format!("{:.1}", w.allocated_idle_hours),
@@ -330,8 +329,8 @@ pub fn findings(
             let (w, share) = (c.window(), c.share);
             let act = w.avg_activity_pct();
             low_mem.push(vec![
-                Cell::text(w.uuid.clone()).link(link(&x)),
-                Cell::text(w.team.clone()),
+                Cell::text(w.uuid.to_string()).link(link(&x)),
+                Cell::text(w.team.to_string()),
                 Cell::text(format!("{} ({} MiB)", w.model, w.memory_mib.unwrap_or(0))),
                 Cell::num(format!("{:.0} %", share * 100.0), share * 100.0),
                 Cell::num(super::pct(act), act.unwrap_or(-1.0)),
@@ -367,10 +366,10 @@ pub fn findings(
     {
         if tables {
             missing.push(vec![
-                Cell::text(g.uuid.clone()).link(link(&x)),
-                Cell::text(g.host.clone().unwrap_or_default()),
-                Cell::text(g.team.clone()),
-                Cell::text(g.source.clone()),
+                Cell::text(&*g.uuid).link(link(&x)),
+                Cell::text(g.host.as_deref().unwrap_or_default()),
+                Cell::text(&*g.team),
+                Cell::text(&*g.source),
                 Cell::text(g.last_seen.format("%Y-%m-%d %H:%M UTC").to_string()),
                 month_cell(x.usd_per_month),
             ]);

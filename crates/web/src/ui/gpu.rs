@@ -122,7 +122,7 @@ pub async fn gpu_page(
     let timeline_svg = timeline("Allocations on this GPU", window.from, end, &rows);
     let (allocations, provenance, owners) = tables(&f, &d);
     let page = GpuPage {
-        uuid: g.uuid.clone(),
+        uuid: g.uuid.to_string(),
         attrs,
         hours: count(fig.gpu_hours),
         activity: pct(fig.avg_activity_pct),
@@ -178,7 +178,7 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
             format!("from {}", by.join("; "))
         }
     };
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
+    let opt = |v: &Option<std::sync::Arc<str>>| v.as_deref().unwrap_or("unknown").to_string();
     let mut attrs = vec![
         (
             "Vendor".to_string(),
@@ -187,7 +187,7 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
                 .unwrap_or_else(|| "unknown".into()),
             String::new(),
         ),
-        ("Model".to_string(), g.model.clone(), said_by("model")),
+        ("Model".to_string(), g.model.to_string(), said_by("model")),
         (
             "Activity measures".to_string(),
             gpuledger_ledger::summary::activity_basis(g.vendor).to_string(),
@@ -213,8 +213,8 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
             said_by("instance_type"),
         ),
         ("Cloud account".into(), opt(&g.account), said_by("account")),
-        ("Owner (team)".into(), g.team.clone(), {
-            let mut why = g.owner_reason.clone();
+        ("Owner (team)".into(), g.team.to_string(), {
+            let mut why = g.owner_reason.to_string();
             for c in d
                 .conflicts
                 .iter()
@@ -233,7 +233,11 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
             }
             why
         }),
-        ("Environment".into(), g.env.clone(), said_by("labels.env")),
+        (
+            "Environment".into(),
+            g.env.to_string(),
+            said_by("labels.env"),
+        ),
         (
             "State".into(),
             match gpuledger_ledger::identity::unavailable(&g.labels) {
@@ -260,14 +264,14 @@ fn attributes(d: &gpuledger_model::GpuDetail) -> Vec<(String, String, String)> {
         ),
         (
             "Primary source".into(),
-            g.source.clone(),
+            g.source.to_string(),
             "the first source to report it; other sources only fill gaps".into(),
         ),
     ];
     if let Some(parent) = &g.mig_parent_uuid {
         attrs.push((
             "MIG instance of".into(),
-            parent.clone(),
+            parent.to_string(),
             format!("profile {}", g.mig_profile.clone().unwrap_or_default()),
         ));
     }

@@ -67,12 +67,12 @@ pub async fn inventory(
         store.gpu_totals(window, &p.filters, now),
     )?;
     let by_uuid: HashMap<&str, &gpuledger_ledger::GpuWindow> =
-        windows.iter().map(|w| (w.uuid.as_str(), w)).collect();
+        windows.iter().map(|w| (&*w.uuid, w)).collect();
     let mut children: HashMap<&str, Vec<&gpuledger_model::GpuView>> = HashMap::new();
     let mut physical = Vec::new();
     for g in &gpus {
         match &g.mig_parent_uuid {
-            Some(parent) => children.entry(parent.as_str()).or_default().push(g),
+            Some(parent) => children.entry(&**parent).or_default().push(g),
             None => physical.push(g),
         }
     }
@@ -128,17 +128,17 @@ pub async fn inventory(
         let a = act(&g.uuid);
         let c = cost(&g.uuid);
         table.push(vec![
-            Cell::text(g.uuid.clone()).link(href),
-            Cell::text(g.model.clone()),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.cluster.clone().unwrap_or_default()),
+            Cell::text(&*g.uuid).link(href),
+            Cell::text(&*g.model),
+            Cell::text(g.host.as_deref().unwrap_or_default()),
+            Cell::text(g.cluster.as_deref().unwrap_or_default()),
             Cell::text(format!(
                 "{} / {}",
                 g.cloud.clone().unwrap_or_else(|| "unknown".into()),
                 g.region.clone().unwrap_or_else(|| "unknown".into())
             )),
-            Cell::text(g.team.clone()).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
-            Cell::text(g.env.clone()),
+            Cell::text(&*g.team).link(f.link(&format!("/teams/{}", super::enc(&g.team)))),
+            Cell::text(&*g.env),
             Cell::text(match gpuledger_ledger::identity::unavailable(&g.labels) {
                 Some(why) => format!("{}, {why}", g.state.as_str()),
                 None => g.state.as_str().to_string(),
@@ -150,13 +150,13 @@ pub async fn inventory(
                     .unwrap_or_else(|| "unknown".into()),
                 g.usd_per_hour.unwrap_or(-1.0),
             )
-            .titled(g.rate_origin.clone()),
+            .titled(&*g.rate_origin),
             Cell::num(
                 c.map(usd).unwrap_or_else(|| "unknown".into()),
                 c.unwrap_or(-1.0),
             ),
         ]);
-        for m in children.get(g.uuid.as_str()).into_iter().flatten() {
+        for m in children.get(&*g.uuid).into_iter().flatten() {
             table.push_child(vec![
                 Cell::text(format!(
                     "{} ({})",
@@ -164,11 +164,11 @@ pub async fn inventory(
                     m.mig_profile.clone().unwrap_or_default()
                 )),
                 Cell::text(format!("MIG {}", m.mig_profile.clone().unwrap_or_default())),
-                Cell::text(m.host.clone().unwrap_or_default()),
-                Cell::text(m.cluster.clone().unwrap_or_default()),
+                Cell::text(m.host.as_deref().unwrap_or_default()),
+                Cell::text(m.cluster.as_deref().unwrap_or_default()),
                 Cell::text(""),
-                Cell::text(m.team.clone()),
-                Cell::text(m.env.clone()),
+                Cell::text(&*m.team),
+                Cell::text(&*m.env),
                 Cell::text(m.state.as_str()),
                 Cell::num("part of its GPU", -1.0),
                 Cell::num("", -1.0),

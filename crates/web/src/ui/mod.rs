@@ -453,14 +453,15 @@ pub async fn frame(
             Some(gpus) => gpus
                 .iter()
                 .filter_map(|g| match name {
-                    "team" => Some(g.team.clone()),
-                    "env" => Some(g.env.clone()),
-                    "cloud" => g.cloud.clone(),
-                    "cluster" => g.cluster.clone(),
-                    _ => Some(g.model.clone()),
+                    "team" => Some(&*g.team),
+                    "env" => Some(&*g.env),
+                    "cloud" => g.cloud.as_deref(),
+                    "cluster" => g.cluster.as_deref(),
+                    _ => Some(&*g.model),
                 })
-                .collect::<std::collections::BTreeSet<String>>()
+                .collect::<std::collections::BTreeSet<&str>>()
                 .into_iter()
+                .map(str::to_string)
                 .collect(),
         };
         let mut options: Vec<(String, bool)> = values

@@ -41,7 +41,7 @@ pub fn spend_table(
         ],
     );
     for g in groups {
-        let mut key = Cell::text(g.key.clone());
+        let mut key = Cell::text(&*g.key);
         if let Some(h) = link(&g.key) {
             key = key.link(h);
         }

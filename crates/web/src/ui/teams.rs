@@ -226,7 +226,7 @@ pub async fn team_page(
     groups.push(total);
     let summary = spend_table("team-by-env", &f, "Environment", &groups, |_| None);
     let by_uuid: BTreeMap<&str, &gpuledger_ledger::GpuWindow> =
-        windows.iter().map(|w| (w.uuid.as_str(), w)).collect();
+        windows.iter().map(|w| (&*w.uuid, w)).collect();
     let mut table = Table::new(
         "team-gpus",
         &f,
@@ -244,14 +244,14 @@ pub async fn team_page(
         ],
     );
     for g in &gpus {
-        let w = by_uuid.get(g.uuid.as_str());
+        let w = by_uuid.get(&*g.uuid);
         let a = w.and_then(|w| w.avg_activity_pct());
         let c = w.and_then(|w| w.cost_usd());
         table.push(vec![
-            Cell::text(g.uuid.clone()).link(f.link(&format!("/gpus/{}", g.uuid))),
-            Cell::text(g.model.clone()),
-            Cell::text(g.host.clone().unwrap_or_default()),
-            Cell::text(g.env.clone()),
+            Cell::text(&*g.uuid).link(f.link(&format!("/gpus/{}", g.uuid))),
+            Cell::text(&*g.model),
+            Cell::text(g.host.as_deref().unwrap_or_default()),
+            Cell::text(&*g.env),
             Cell::text(g.state.as_str()),
             Cell::num(pct(a), a.unwrap_or(-1.0)),
             Cell::num(
