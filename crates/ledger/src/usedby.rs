@@ -9,7 +9,8 @@
 //! name a share goes to, pricing, unpriced hours, the unallocated rest, GPUs per team — is
 //! decided here, once, for `GET /api/v1/used-by`, the Teams page and the Waste page.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use gpuledger_model::UNOWNED;
 use serde::Serialize;
@@ -32,8 +33,9 @@ pub fn user_team(team: Option<&str>) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeldShare {
     pub gpu_id: i64,
-    /// The team the allocations name, as stored (normalized by [`user_team`]).
-    pub team: Option<String>,
+    /// The team the allocations name, as stored (normalized by [`user_team`]); shared, as
+    /// the store keeps the shares of settled days between requests.
+    pub team: Option<Arc<str>>,
     pub gpu_hours: f64,
 }
 
@@ -60,9 +62,30 @@ pub fn split(
     shares: &[HeldShare],
     present: &[(i64, i64)],
 ) -> Vec<UsedBy> {
-    let mut out: BTreeMap<String, (UsedBy, BTreeSet<i64>)> = BTreeMap::new();
-    let mut add = |team: String, gpu_id: i64, hours: f64, rate: Option<f64>| {
-        let (u, gpus) = out.entry(team).or_default();
+    // Per team as [`user_team`] names it: its row and the GPUs it held. A fleet has a few
+    // hundred thousand shares and a few dozen names as stored: each stored name is told once.
+    let mut rows: Vec<(UsedBy, foldhash::HashSet<i64>)> = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    let mut by_stored: foldhash::HashMap<Option<&str>, usize> = Default::default();
+    let row_of = |rows: &mut Vec<(UsedBy, foldhash::HashSet<i64>)>,
+                  by_name: &mut HashMap<String, usize>,
+                  name: String|
+     -> usize {
+        let next = rows.len();
+        let at = *by_name.entry(name.clone()).or_insert(next);
+        if at == next {
+            rows.push((
+                UsedBy {
+                    team: name,
+                    ..Default::default()
+                },
+                Default::default(),
+            ));
+        }
+        at
+    };
+    let add = |row: &mut (UsedBy, foldhash::HashSet<i64>), gpu_id, hours, rate| {
+        let (u, gpus) = row;
         gpus.insert(gpu_id);
         u.gpu_hours += hours;
         match rate {
@@ -71,30 +94,44 @@ pub fn split(
         }
     };
     // The shares of a held hour add up to one, so a GPU's shares add up to its held hours.
-    let mut held: HashMap<i64, f64> = HashMap::new();
+    let mut held: foldhash::HashMap<i64, f64> = Default::default();
     for s in shares {
         let Some(rate) = rates.get(&s.gpu_id) else {
             continue;
         };
         *held.entry(s.gpu_id).or_default() += s.gpu_hours;
-        add(user_team(s.team.as_deref()), s.gpu_id, s.gpu_hours, *rate);
+        let stored = s.team.as_deref();
+        let at = match by_stored.get(&stored) {
+            Some(&at) => at,
+            None => {
+                let at = row_of(&mut rows, &mut by_name, user_team(stored));
+                by_stored.insert(stored, at);
+                at
+            }
+        };
+        add(&mut rows[at], s.gpu_id, s.gpu_hours, *rate);
     }
+    let mut unallocated = None;
     for (gpu_id, n) in present {
         let Some(rate) = rates.get(gpu_id) else {
             continue;
         };
         let free = *n - held.get(gpu_id).copied().unwrap_or(0.0).round() as i64;
         if free > 0 {
-            add(UNALLOCATED.to_string(), *gpu_id, free as f64, *rate);
+            let at = *unallocated
+                .get_or_insert_with(|| row_of(&mut rows, &mut by_name, UNALLOCATED.to_string()));
+            add(&mut rows[at], *gpu_id, free as f64, *rate);
         }
     }
-    out.into_iter()
-        .map(|(team, (mut u, gpus))| {
-            u.team = team;
+    let mut out: Vec<UsedBy> = rows
+        .into_iter()
+        .map(|(mut u, gpus)| {
             u.gpus = gpus.len() as i64;
             u
         })
-        .collect()
+        .collect();
+    out.sort_unstable_by(|a, b| a.team.cmp(&b.team));
+    out
 }
 
 #[cfg(test)]
@@ -104,7 +141,7 @@ mod tests {
     fn share(gpu_id: i64, team: Option<&str>, gpu_hours: f64) -> HeldShare {
         HeldShare {
             gpu_id,
-            team: team.map(str::to_string),
+            team: team.map(Into::into),
             gpu_hours,
         }
     }

@@ -215,6 +215,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "live_today",
         include_str!("../migrations/sqlite/0022_live_today.sql"),
     ),
+    (
+        23,
+        "live_allocations_gone",
+        include_str!("../migrations/sqlite/0023_live_allocations_gone.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -326,6 +331,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         22,
         "live_today",
         include_str!("../migrations/postgres/0022_live_today.sql"),
+    ),
+    (
+        23,
+        "live_allocations_gone",
+        include_str!("../migrations/postgres/0023_live_allocations_gone.sql"),
     ),
 ];
 

@@ -1,5 +1,5 @@
 //! Answers kept in memory between requests on PostgreSQL: today's per-GPU rows, the GPU
-//! lists and today's activity evidence.
+//! lists, today's activity evidence and the used-by shares of the hours ahead of the clock.
 //!
 //! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`), the list of
 //! every GPU (`Store::list_gpus`) and, for the findings, each GPU's last busy and last measured
@@ -14,8 +14,9 @@
 //! see was written by that transaction or a later one. The next request lists the GPUs whose
 //! rows were written at or after the watermark (for today's counts, the day row of today and
 //! the hours ahead of the clock, which today's counts subtract; for the lists, the GPU's own
-//! row, which every push writes; for the evidence, the day rows from today on), reads those
-//! GPUs again and puts them in place of their kept rows. A transaction ID is compared with the
+//! row, which every push writes; for the evidence, the day rows from today on; for the shares
+//! ahead of the clock, which used-by subtracts from today's day rows, the GPU's hours there
+//! and every allocation on it or its MIG instances), reads those GPUs again and puts them in place of their kept rows. A transaction ID is compared with the
 //! watermark modulo 2^32, as PostgreSQL compares them itself: a live row is never older than
 //! two billion transactions. A writing transaction that runs long holds the watermark back:
 //! until it ends, each request reads again every GPU written since it began (read whole once
@@ -24,9 +25,9 @@
 //! the list is not read: the several reads of a page, and the pages opened between two pushes,
 //! scan once.
 //!
-//! What a row's writer cannot show, the database marks in `meta.live_gen` (migration 22): a
-//! removed day, hour, GPU or owner period, a new GPU or owner period, a change of the GPU
-//! attributes today's counts read. A different generation reads the whole answer again, as
+//! What a row's writer cannot show, the database marks in `meta.live_gen` (migrations 22 and
+//! 23): a removed day, hour, GPU, owner period or allocation, a new GPU or owner period, a
+//! change of the GPU attributes today's counts read. A different generation reads the whole answer again, as
 //! does a change to most GPUs at once. The GPUs whose counts today depend on more than their
 //! day row and their hours ahead of the clock (a change of owner within today, a peak memory
 //! in the hours ahead) are read again at every request. A kept list's GPUs are told present or
@@ -60,6 +61,10 @@ const KEPT_LISTS: usize = 3;
 /// How many answers of today's activity evidence are kept: today's, and yesterday's while a
 /// request of the day before is still served.
 const KEPT_EVIDENCE: usize = 2;
+
+/// How many answers of the used-by shares of the hours ahead of the clock are kept: this
+/// hour's, and the last hour's while a request of it is still served.
+const KEPT_AHEAD: usize = 2;
 
 /// Above this share of the kept rows' GPUs changed (and more than [`REREAD_FEW`]), the whole
 /// answer is read again: one read of all is cheaper than a list of most.
@@ -95,6 +100,8 @@ pub(crate) struct Lives {
     pub(crate) lists: Live,
     /// Today's activity evidence (`Store::activity_evidence`).
     pub(crate) evidence: Live,
+    /// The used-by shares of the hours ahead of the clock (`Store::held_shares_kept`).
+    pub(crate) ahead: Live,
     /// Nothing kept: every answer read from the database, filters and all (for tests).
     off: bool,
 }
@@ -110,6 +117,7 @@ impl Default for Lives {
             today: live(KEPT_TODAY),
             lists: live(KEPT_LISTS),
             evidence: live(KEPT_EVIDENCE),
+            ahead: live(KEPT_AHEAD),
             off: false,
         }
     }
@@ -122,6 +130,7 @@ pub enum KeptKind {
     Today,
     Lists,
     Evidence,
+    Ahead,
 }
 
 /// One question's answer, behind the lock a request holds while it brings it up to date.
@@ -288,6 +297,7 @@ impl Store {
             KeptKind::Today => &self.live.today,
             KeptKind::Lists => &self.live.lists,
             KeptKind::Evidence => &self.live.evidence,
+            KeptKind::Ahead => &self.live.ahead,
         }
         .reads;
         [0, 1, 2, 3].map(|i| r[i].load(Atomic::Relaxed))

@@ -3572,6 +3572,77 @@ async fn postgres_schema(
     Some((store, pool, url, schema))
 }
 
+/// Used-by's shares of the hours ahead of the clock are kept between requests on PostgreSQL
+/// (`live` in the store): they follow a new allocation, an allocation that ends and an
+/// allocation removed (which leaves no row behind: the removal bumps the kept answers'
+/// generation), always equal to the same read by a handle that keeps nothing.
+#[tokio::test]
+async fn postgres_kept_used_by_follows_allocations() {
+    use sqlx::Executor;
+    let Some((store, pool, _url, _schema)) =
+        postgres_schema("postgres_kept_used_by_follows_allocations", "t_ahead").await
+    else {
+        return;
+    };
+    push(&store, &who("hand", None), SCENARIO).await;
+    let clock = t("2026-12-01T14:30:00Z");
+    let w = Window {
+        from: clock.timestamp() - 3 * 86_400,
+        to: clock.timestamp(),
+    };
+    let fresh = store.without_live();
+    let check = |at: &'static str| {
+        let (store, fresh) = (store.clone(), fresh.clone());
+        async move {
+            for _ in 0..2 {
+                let kept = store
+                    .used_by_cost(w, &Filters::default(), clock)
+                    .await
+                    .unwrap();
+                let read = fresh
+                    .used_by_cost(w, &Filters::default(), clock)
+                    .await
+                    .unwrap();
+                assert!(!read.is_empty(), "{at}: no used-by");
+                assert_eq!(kept, read, "{at}: used-by");
+            }
+        }
+    };
+    check("first read").await;
+    let [whole, ..] = store.kept_reads(KeptKind::Ahead);
+    assert!(whole >= 1, "the hours ahead were not kept: {whole}");
+    let writes = [
+        // A second holder of B's hours, on the MIG instance of A, and one that has ended.
+        r#"{"allocations":[
+          {"gpu_uuid":"GPU-bbbbbbbb-0000-0000-0000-000000000002","start":"2026-12-01T13:00:00Z",
+           "end":null,"workload":"shared","kind":"pod","team":"infra"},
+          {"gpu_uuid":"MIG-aaaaaaaa-0000-0000-0000-0000000000a1","start":"2026-12-01T12:00:00Z",
+           "end":null,"workload":"mig-job","kind":"pod","team":"nlp"}]}"#,
+        r#"{"allocations":[
+          {"gpu_uuid":"GPU-bbbbbbbb-0000-0000-0000-000000000002","start":"2026-12-01T13:00:00Z",
+           "end":"2026-12-01T14:10:00Z","workload":"shared","kind":"pod","team":"infra"}]}"#,
+    ];
+    for (n, body) in writes.iter().enumerate() {
+        let out = push_at(&store, &who("hand", None), body, clock).await;
+        assert!(out.rejected.is_empty(), "write {n}: {:?}", out.rejected);
+        check("after a write").await;
+    }
+    let before = store.live_generation().await.unwrap();
+    pool.execute("DELETE FROM allocations WHERE workload = 'mig-job'")
+        .await
+        .unwrap();
+    assert!(
+        store.live_generation().await.unwrap() > before,
+        "a removed allocation leaves the kept answers' generation as it was"
+    );
+    check("after a removed allocation").await;
+    let [_, some, kept, _] = store.kept_reads(KeptKind::Ahead);
+    assert!(
+        some >= 1 && kept >= 1,
+        "brought up to date {some}, served as kept {kept}"
+    );
+}
+
 /// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
 /// samples land in theirs (not the default), retention drops a partition whole, and a row
 /// that arrived before its partition existed moves into it when it is made.
