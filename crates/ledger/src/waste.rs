@@ -290,7 +290,7 @@ pub struct IdleWorkload {
 
 /// Fold per-GPU shares into workloads, most expensive first (then most hours, then name).
 pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
-    idle_workloads_less(shares, &[])
+    idle_workloads_less(shares, [])
 }
 
 /// [`idle_workloads`] of `shares` less the hours of the shares `outside` (a window's edge day
@@ -301,7 +301,7 @@ pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
 /// is folded as it is.
 pub fn idle_workloads_less<'a>(
     shares: impl IntoIterator<Item = &'a IdleShare>,
-    outside: &'a [IdleShare],
+    outside: impl IntoIterator<Item = &'a IdleShare>,
 ) -> Vec<IdleWorkload> {
     // (workload, allocating team as stored, owner, GPU) → the first share and its hours.
     type ShareKey<'k> = (&'k str, Option<&'k str>, &'k str, i64);

@@ -75,6 +75,12 @@ const IDLE_SHARE_COLUMNS: [crate::wide::Col; 7] = [
     crate::wide::Col::Real("hours"),
 ];
 
+impl crate::live::LiveRow for IdleShare {
+    fn gpu_id(&self) -> i64 {
+        self.gpu_id
+    }
+}
+
 impl From<IdleShareRow> for IdleShare {
     fn from(r: IdleShareRow) -> Self {
         IdleShare {
@@ -739,19 +745,83 @@ impl Store {
             live.extend(self.idle_day_shares(today, day_hi, filters).await?);
         }
         let mut outside = Vec::new();
-        for (by_day, (e_lo, e_hi), (o_lo, o_hi)) in
-            [(first, e1, (day_lo, e1.0)), (last, e2, (e2.1, day_hi))]
-        {
-            if by_day {
+        let mut ahead = None;
+        let ends_now = window.to >= now.timestamp();
+        for (last_edge, by_day, (e_lo, e_hi), (o_lo, o_hi)) in [
+            (false, first, e1, (day_lo, e1.0)),
+            (true, last, e2, (e2.1, day_hi)),
+        ] {
+            if by_day && last_edge && ends_now && filters.is_empty() && self.keeps_live() {
+                // The hours ahead of the clock, the same for every window ending now.
+                ahead = Some(self.idle_shares_kept(o_lo, o_hi, now).await?);
+            } else if by_day {
                 outside.extend(self.idle_shares_unrolled(o_lo, o_hi, filters, now).await?);
             } else if e_lo < e_hi {
                 live.extend(self.idle_shares_unrolled(e_lo, e_hi, filters, now).await?);
             }
         }
+        let ahead = ahead.unwrap_or_default();
         Ok(gpuledger_ledger::waste::idle_workloads_less(
             kept.iter().chain(&live),
-            &outside,
+            outside.iter().chain(ahead.iter()),
         ))
+    }
+
+    /// The whole fleet's allocated-and-idle shares of `[lo, hi)` ([`Store::idle_shares_unrolled`])
+    /// kept between requests on PostgreSQL (`crate::live`), for the hours ahead of the clock
+    /// that the allocated-idle workloads take out of today's day rows: at 100,000 GPUs a read
+    /// of the open allocations and their hours there, a tenth of a second at each request.
+    /// Read again: the GPUs whose hours in `[lo, hi)`, or whose day rows from `lo`'s day on
+    /// (which pick the GPUs walked), were written since, and those with an allocation (on them
+    /// or their MIG instances) written since; a removed allocation, a changed owner period or
+    /// rate reads the whole answer again (migrations 22 and 23).
+    async fn idle_shares_kept(
+        &self,
+        lo: i64,
+        hi: i64,
+        now: DateTime<Utc>,
+    ) -> Result<std::sync::Arc<Vec<IdleShare>>> {
+        let changed = format!(
+            "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
+             SELECT h.gpu_id FROM gpu_hours h WHERE h.hour >= $2 AND h.hour < $3 AND {} \
+             UNION SELECT d.gpu_id FROM gpu_days d WHERE d.day >= $2 - ($2 % 86400) \
+               AND d.day < $3 AND {} \
+             UNION SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id FROM allocations al {}\
+             WHERE {}) f",
+            crate::live::written_since("h"),
+            crate::live::written_since("d"),
+            crate::query::MIG_PARENTS,
+            crate::live::written_since("al"),
+        );
+        let all = &Filters::default();
+        self.live_rows(
+            &self.live.idle_ahead,
+            format!(
+                "allocated-idle shares of hours {lo}..{hi} threshold {}",
+                self.settings.idle_threshold_pct
+            ),
+            &changed,
+            &[lo, hi],
+            |a: &IdleShare, b: &IdleShare| {
+                (a.gpu_id, &a.workload, &a.used_by, &a.owner).cmp(&(
+                    b.gpu_id,
+                    &b.workload,
+                    &b.used_by,
+                    &b.owner,
+                ))
+            },
+            |only| async move {
+                match only {
+                    None => self.idle_shares_unrolled(lo, hi, all, now).await,
+                    Some(ids) => {
+                        let held = crate::query::HELD_IDLE_OF_GPUS
+                            .replace("{ids}", &crate::live::id_array(&ids));
+                        self.idle_shares_of(&held, lo, hi, all).await
+                    }
+                }
+            },
+        )
+        .await
     }
 
     /// The allocated-and-idle day rows of the days `[lo, hi)` per workload, allocating team,
@@ -819,7 +889,19 @@ impl Store {
         filters: &Filters,
         by_end: bool,
     ) -> Result<Vec<IdleShare>> {
-        let held_idle = held_idle(by_end);
+        self.idle_shares_of(held_idle(by_end), lo, hi, filters)
+            .await
+    }
+
+    /// [`Store::idle_shares_with`] after the CTEs `held_idle` ([`held_idle`] or
+    /// [`crate::query::HELD_IDLE_OF_GPUS`]).
+    async fn idle_shares_of(
+        &self,
+        held_idle: &str,
+        lo: i64,
+        hi: i64,
+        filters: &Filters,
+    ) -> Result<Vec<IdleShare>> {
         let (clause, binds) = filters.clause_with(4, "o");
         let join = owner_join("x.gpu_id", "x.hour");
         let sql = format!(

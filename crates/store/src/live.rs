@@ -1,5 +1,6 @@
 //! Answers kept in memory between requests on PostgreSQL: today's per-GPU rows, the GPU
-//! lists, today's activity evidence and the used-by shares of the hours ahead of the clock.
+//! lists, today's activity evidence and the used-by and allocated-idle shares of the hours
+//! ahead of the clock.
 //!
 //! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`), the list of
 //! every GPU (`Store::list_gpus`) and, for the findings, each GPU's last busy and last measured
@@ -15,8 +16,9 @@
 //! rows were written at or after the watermark (for today's counts, the day row of today and
 //! the hours ahead of the clock, which today's counts subtract; for the lists, the GPU's own
 //! row, which every push writes; for the evidence, the day rows from today on; for the shares
-//! ahead of the clock, which used-by subtracts from today's day rows, the GPU's hours there
-//! and every allocation on it or its MIG instances), reads those GPUs again and puts them in place of their kept rows. A transaction ID is compared with the
+//! ahead of the clock, which used-by and the allocated-idle workloads subtract from today's day
+//! rows, the GPU's hours there, its day rows from that day on and every allocation on it or its
+//! MIG instances), reads those GPUs again and puts them in place of their kept rows. A transaction ID is compared with the
 //! watermark modulo 2^32, as PostgreSQL compares them itself: a live row is never older than
 //! two billion transactions. A writing transaction that runs long holds the watermark back:
 //! until it ends, each request reads again every GPU written since it began (read whole once
@@ -102,6 +104,8 @@ pub(crate) struct Lives {
     pub(crate) evidence: Live,
     /// The used-by shares of the hours ahead of the clock (`Store::held_shares_kept`).
     pub(crate) ahead: Live,
+    /// The allocated-idle shares of the hours ahead of the clock (`Store::idle_shares_kept`).
+    pub(crate) idle_ahead: Live,
     /// Nothing kept: every answer read from the database, filters and all (for tests).
     off: bool,
 }
@@ -118,6 +122,7 @@ impl Default for Lives {
             lists: live(KEPT_LISTS),
             evidence: live(KEPT_EVIDENCE),
             ahead: live(KEPT_AHEAD),
+            idle_ahead: live(KEPT_AHEAD),
             off: false,
         }
     }
@@ -131,6 +136,7 @@ pub enum KeptKind {
     Lists,
     Evidence,
     Ahead,
+    IdleAhead,
 }
 
 /// One question's answer, behind the lock a request holds while it brings it up to date.
@@ -298,6 +304,7 @@ impl Store {
             KeptKind::Lists => &self.live.lists,
             KeptKind::Evidence => &self.live.evidence,
             KeptKind::Ahead => &self.live.ahead,
+            KeptKind::IdleAhead => &self.live.idle_ahead,
         }
         .reads;
         [0, 1, 2, 3].map(|i| r[i].load(Atomic::Relaxed))

@@ -1889,6 +1889,8 @@ macro_rules! mig_parents {
            ON m.id = al.gpu_id "
     };
 }
+/// [`mig_parents`] as a string, for the queries written at run time.
+pub(crate) const MIG_PARENTS: &str = mig_parents!();
 macro_rules! by_start {
     () => {
         concat!(
@@ -1935,17 +1937,19 @@ macro_rules! held_sql {
 }
 const HELD_BY_START: &str = held_sql!(by_start!(), "", "");
 const HELD_BY_END: &str = held_sql!(by_end!(), "", "");
-// [`HELD_BY_START`] of the physical GPUs `{ids}` alone (PostgreSQL only: an array written in
-// place, `live::id_array`): their allocations and their MIG instances' found by GPU, for a
-// kept answer brought up to date.
-const HELD_OF_GPUS: &str = held_sql!(
-    by_start!(),
-    " AND COALESCE(m.parent, al.gpu_id) = ANY({ids}) \
-     AND al.gpu_id IN (SELECT i FROM unnest({ids}) i \
-       UNION ALL SELECT mc.id FROM gpus mc JOIN gpus mp ON mp.uuid = mc.mig_parent_uuid \
-       WHERE mp.id = ANY({ids}))",
-    ""
-);
+// The allocations of the physical GPUs `{ids}` alone (PostgreSQL only: an array written in
+// place, `live::id_array`): theirs and their MIG instances', found by GPU, for a kept answer
+// brought up to date.
+macro_rules! of_gpus {
+    () => {
+        " AND COALESCE(m.parent, al.gpu_id) = ANY({ids}) \
+         AND al.gpu_id IN (SELECT i FROM unnest({ids}) i \
+           UNION ALL SELECT mc.id FROM gpus mc JOIN gpus mp ON mp.uuid = mc.mig_parent_uuid \
+           WHERE mp.id = ANY({ids}))"
+    };
+}
+// [`HELD_BY_START`] of the physical GPUs `{ids}` alone ([`of_gpus`]).
+const HELD_OF_GPUS: &str = held_sql!(by_start!(), of_gpus!(), "");
 /// Each GPU's held hours per allocating team, after [`held`] or [`HELD_OF_GPUS`].
 const HELD_SHARES: &str = " SELECT x.gpu_id, x.team, CAST(SUM(1.0 / n.n) AS DOUBLE PRECISION) \
      FROM x JOIN n ON n.gpu_id = x.gpu_id AND n.hour = x.hour GROUP BY x.gpu_id, x.team";
@@ -1960,6 +1964,12 @@ macro_rules! idle_gpus {
 const HELD_IDLE_BY_START: &str = held_sql!(
     by_start!(),
     idle_gpus!(),
+    " AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"
+);
+// [`HELD_IDLE_BY_START`] of the physical GPUs `{ids}` alone ([`of_gpus`]).
+pub(crate) const HELD_IDLE_OF_GPUS: &str = held_sql!(
+    by_start!(),
+    concat!(idle_gpus!(), of_gpus!()),
     " AND h.allocated = 1 AND h.act_n > 0 AND h.act_sum < $3 * h.act_n"
 );
 const HELD_IDLE_BY_END: &str = held_sql!(
@@ -2261,7 +2271,7 @@ impl Store {
              UNION SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id FROM allocations al {}\
              WHERE {}) f",
             live::written_since("h"),
-            mig_parents!(),
+            MIG_PARENTS,
             live::written_since("al"),
         );
         self.live_rows(

@@ -3572,15 +3572,16 @@ async fn postgres_schema(
     Some((store, pool, url, schema))
 }
 
-/// Used-by's shares of the hours ahead of the clock are kept between requests on PostgreSQL
-/// (`live` in the store): they follow a new allocation, an allocation that ends and an
-/// allocation removed (which leaves no row behind: the removal bumps the kept answers'
-/// generation), always equal to the same read by a handle that keeps nothing.
+/// Used-by's and the allocated-idle workloads' shares of the hours ahead of the clock are kept
+/// between requests on PostgreSQL (`live` in the store): they follow an idle sample ahead of
+/// the clock, a new allocation, an allocation that ends and an allocation removed (which
+/// leaves no row behind: the removal bumps the kept answers' generation), always equal to the
+/// same read by a handle that keeps nothing.
 #[tokio::test]
-async fn postgres_kept_used_by_follows_allocations() {
+async fn postgres_kept_shares_ahead_follow_allocations() {
     use sqlx::Executor;
     let Some((store, pool, _url, _schema)) =
-        postgres_schema("postgres_kept_used_by_follows_allocations", "t_ahead").await
+        postgres_schema("postgres_kept_shares_ahead_follow_allocations", "t_ahead").await
     else {
         return;
     };
@@ -3605,12 +3606,52 @@ async fn postgres_kept_used_by_follows_allocations() {
                     .unwrap();
                 assert!(!read.is_empty(), "{at}: no used-by");
                 assert_eq!(kept, read, "{at}: used-by");
+                let kept = store
+                    .idle_workloads(w, &Filters::default(), clock)
+                    .await
+                    .unwrap();
+                let read = fresh
+                    .idle_workloads(w, &Filters::default(), clock)
+                    .await
+                    .unwrap();
+                assert_eq!(kept, read, "{at}: allocated-idle workloads");
             }
         }
     };
     check("first read").await;
     let [whole, ..] = store.kept_reads(KeptKind::Ahead);
     assert!(whole >= 1, "the hours ahead were not kept: {whole}");
+    // An idle hour of B ahead of the clock (pushed after it, so not in the future then).
+    let idle = r#"{"samples":[{"gpu_uuid":"GPU-bbbbbbbb-0000-0000-0000-000000000002",
+        "ts":"2026-12-01T16:10:00Z","util_pct":1}]}"#;
+    let out = push(&store, &who("hand", None), idle).await;
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    check("after an idle hour ahead").await;
+    let idle_ahead = store
+        .idle_workloads(w, &Filters::default(), clock)
+        .await
+        .unwrap();
+    // At the day's end the idle hour is in the window: it is in today's day rows.
+    let idle_all = store
+        .idle_workloads(
+            Window {
+                from: w.from,
+                to: t("2026-12-02T00:00:00Z").timestamp(),
+            },
+            &Filters::default(),
+            t("2026-12-02T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    let hours = |x: &[gpuledger_ledger::waste::IdleWorkload]| {
+        x.iter().map(|x| x.allocated_idle_hours).sum::<f64>()
+    };
+    assert!(
+        hours(&idle_all) > hours(&idle_ahead),
+        "the idle hour ahead of the clock is not taken out: {idle_all:?} {idle_ahead:?}"
+    );
+    let [whole, ..] = store.kept_reads(KeptKind::IdleAhead);
+    assert!(whole >= 1, "the idle hours ahead were not kept: {whole}");
     let writes = [
         // A second holder of B's hours, on the MIG instance of A, and one that has ended.
         r#"{"allocations":[
@@ -3636,11 +3677,13 @@ async fn postgres_kept_used_by_follows_allocations() {
         "a removed allocation leaves the kept answers' generation as it was"
     );
     check("after a removed allocation").await;
-    let [_, some, kept, _] = store.kept_reads(KeptKind::Ahead);
-    assert!(
-        some >= 1 && kept >= 1,
-        "brought up to date {some}, served as kept {kept}"
-    );
+    for kind in [KeptKind::Ahead, KeptKind::IdleAhead] {
+        let [_, some, kept, _] = store.kept_reads(kind);
+        assert!(
+            some >= 1 && kept >= 1,
+            "{kind:?}: brought up to date {some}, served as kept {kept}"
+        );
+    }
 }
 
 /// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
