@@ -149,6 +149,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "group rollups: {days} days rebuilt in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let started = Instant::now();
+    let hours = store.refresh_group_hours(state.now().timestamp()).await?;
+    println!(
+        "group rollups: {hours} finished hours of today built in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     let storage = store.storage().await?;
     let summary = store
         .summary(

@@ -328,8 +328,9 @@ fn spawn_maintenance(store: Store) {
     });
 }
 
-/// Rebuild the group rollups of the past days listed as changed (`Store::refresh_groups`):
-/// looked for every ten seconds, newest day first. Until a day is rebuilt the pages read it
+/// Rebuild the group rollups of the past days listed as changed (`Store::refresh_groups`)
+/// and build those of today's finished hours (`Store::refresh_group_hours`): looked for every
+/// ten seconds, today's hours first, then the days newest first. Until a day is rebuilt the pages read it
 /// from the per-GPU rows, with the same figures, so the pace only trades page speed against
 /// writer time: a day rebuilt within the last minute waits (a day that keeps changing, such as
 /// yesterday while late data arrives, is rebuilt at most once a minute), and after each
@@ -343,6 +344,24 @@ async fn refresh_groups(store: Store) {
     loop {
         tick.tick().await;
         rebuilt.retain(|_, at| at.elapsed() < Duration::from_secs(60));
+        let started = Instant::now();
+        match store
+            .refresh_group_hours(chrono::Utc::now().timestamp())
+            .await
+        {
+            Ok(0) => {}
+            Ok(hours) => {
+                tracing::debug!(
+                    hours,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "built the group rollups of today's finished hours"
+                );
+                tokio::time::sleep(started.elapsed() * 9).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "building the group rollups of today's hours failed; will retry");
+            }
+        }
         let days = match store
             .dirty_group_days_before(chrono::Utc::now().timestamp())
             .await

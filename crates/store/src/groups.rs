@@ -7,13 +7,17 @@
 //! dirty day's group rows from the per-GPU rows and takes it off the list in one transaction.
 //! Every re-roll of day rows lists its days ([`MARK_DIRTY`]); database triggers list the days a
 //! changed group attribute, rate or owner period of a GPU, or a removed day row, touches. The
-//! day of `now` is never rebuilt: it is only ever a window's partial edge, read from its hours.
+//! day of `now` is never rebuilt whole: it is only ever a window's partial edge, read from its
+//! hours. On PostgreSQL its finished hours are built one by one instead
+//! ([`Store::refresh_group_hours`]) and listed in `group_clean_hours` (migration 24), which
+//! triggers keep exact by taking an hour off at any change to what its group rows sum; an
+//! hour listed there is read from its group rows though its day is listed dirty.
 //! How often a day is rebuilt is the caller's choice (`serve` paces it, see its maintenance);
 //! it changes how fast the pages are, never what they show.
 
-use gpuledger_model::{day_floor, DAY_SECS};
+use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
 
-use crate::{Filters, Result, Store};
+use crate::{Backend, Filters, Result, Store};
 
 /// List the days of GPUs `IDS`' day rows in `[$1, $2)` as dirty (run after re-rolling them).
 pub(crate) const MARK_DIRTY: &str =
@@ -95,15 +99,44 @@ pub(crate) const CLEAN_DAYS: &str = "FROM group_days gd JOIN fleet_groups fg ON 
      AND NOT EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = gd.day)";
 
 /// Hours of a window answered by the group rows: `group_hours gh` of the hours in the whole
-/// days `[$1, $2)` not listed dirty, joined to their group `fg` (append the filters' clause).
-pub(crate) const CLEAN_HOURS: &str = "FROM group_hours gh JOIN fleet_groups fg ON fg.id = gh.grp \
-     WHERE gh.hour >= $1 AND gh.hour < $2 \
-     AND NOT EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = gh.hour - gh.hour % 86400)";
+/// days `[$1, $2)` not listed dirty, and of the hours listed clean (`group_clean_hours`,
+/// migration 24) of the days listed dirty, in those days or the partial edge days (`$3..$4`,
+/// `$5..$6`); joined to their group `fg` (append the filters' clause, ` AND ...`).
+pub(crate) const CLEAN_HOURS: &str = "FROM (\
+       SELECT g1.* FROM group_hours g1 WHERE g1.hour >= $1 AND g1.hour < $2 \
+       AND NOT EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = g1.hour - g1.hour % 86400) \
+       UNION ALL SELECT g2.* FROM group_clean_hours c JOIN group_hours g2 ON g2.hour = c.hour \
+       WHERE ((c.hour >= $1 AND c.hour < $2) OR (c.hour >= $3 AND c.hour < $4) \
+         OR (c.hour >= $5 AND c.hour < $6)) \
+       AND EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = c.hour - c.hour % 86400)) gh \
+     JOIN fleet_groups fg ON fg.id = gh.grp WHERE 1 = 1";
 
 /// The hour ranges a window's per-hour figures read from the hour rows (`r.lo`, `r.hi`): its
-/// partial edge days (`$3..$4`, `$5..$6`) and its whole days in `[$1, $2)` listed dirty.
-pub(crate) const DIRTY_HOUR_RANGES: &str = "(SELECT $3 AS lo, $4 AS hi UNION ALL SELECT $5, $6 \
-     UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) r";
+/// partial edge days (`$3..$4`, `$5..$6`) and its whole days in `[$1, $2)` listed dirty, less
+/// the hours [`CLEAN_HOURS`] reads from the group rows. On PostgreSQL each hour is a range of
+/// its own, those listed clean left out; SQLite lists no hour clean (migration 24) and reads
+/// the ranges whole.
+pub(crate) fn dirty_hour_ranges(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => {
+            "(SELECT s.hr AS lo, s.hr + 3600 AS hi FROM (\
+               SELECT $3 AS lo, $4 AS hi UNION ALL SELECT $5, $6 \
+               UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) b \
+             CROSS JOIN LATERAL generate_series(b.lo, b.hi - 1, CAST(3600 AS BIGINT)) s(hr) \
+             WHERE NOT EXISTS (SELECT 1 FROM group_clean_hours c \
+               JOIN group_dirty x ON x.day = c.hour - c.hour % 86400 WHERE c.hour = s.hr)) r"
+        }
+        Backend::Sqlite => {
+            "(SELECT $3 AS lo, $4 AS hi UNION ALL SELECT $5, $6 \
+             UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) r"
+        }
+    }
+}
+
+/// How long after its end an hour of today waits before the refresher builds its group rows
+/// ([`Store::refresh_group_hours`]): sources push each minute or so, and their samples of an
+/// hour's last minutes arrive after it ends (each would take it off the list again).
+pub const CLEAN_HOUR_GRACE_SECS: i64 = 120;
 
 impl Filters {
     /// The filters' clause on the group `fg` (every key a column of it), numbered from
@@ -153,11 +186,17 @@ impl Store {
             .bind(day)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour >= $1 AND hour < $2"))
-            .bind(day)
-            .bind(end)
-            .execute(&mut *tx)
-            .await?;
+        for sql in [
+            "DELETE FROM group_hours WHERE hour >= $1 AND hour < $2",
+            // The day is off the list: all of its hours are read from the group rows.
+            "DELETE FROM group_clean_hours WHERE hour >= $1 AND hour < $2",
+        ] {
+            sqlx::query(&self.sql(sql))
+                .bind(day)
+                .bind(end)
+                .execute(&mut *tx)
+                .await?;
+        }
         for sql in [new_groups_sql(), day_rows_sql()] {
             sqlx::query(&self.sql(&sql))
                 .bind(day)
@@ -177,6 +216,82 @@ impl Store {
         Ok(true)
     }
 
+    /// Build the group rows of the finished hours of `now`'s day not listed clean and list
+    /// them (`group_clean_hours`), in one writing transaction; returns how many hours were
+    /// built. An hour is built once it ended [`CLEAN_HOUR_GRACE_SECS`] ago. PostgreSQL only
+    /// (SQLite lists no hour clean, see migration 24): elsewhere nothing is built.
+    ///
+    /// Like a day's rebuild, it is exact by construction: the writers' lock is held, so every
+    /// write before it is seen, and any later write to an hour takes the hour off the list
+    /// (the triggers of migration 24) in the writing transaction.
+    pub async fn refresh_group_hours(&self, now_secs: i64) -> Result<usize> {
+        let today = day_floor(now_secs);
+        let end = hour_floor(now_secs - CLEAN_HOUR_GRACE_SECS - HOUR_SECS) + HOUR_SECS;
+        if self.backend() != Backend::Postgres || end <= today {
+            return Ok(0);
+        }
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.writer_tx().await?;
+        // The hours to build: of today (listed dirty: the day is not rebuilt until it has
+        // passed), finished, not listed clean.
+        let hours: Vec<i64> = sqlx::query_scalar(
+            "SELECT s.hr FROM generate_series(CAST($1 AS BIGINT), $2 - 1, CAST(3600 AS BIGINT)) \
+             s(hr) WHERE EXISTS (SELECT 1 FROM group_dirty WHERE day = $1) \
+             AND NOT EXISTS (SELECT 1 FROM group_clean_hours c WHERE c.hour = s.hr) \
+             ORDER BY s.hr",
+        )
+        .bind(today)
+        .bind(end)
+        .fetch_all(&mut *tx)
+        .await?;
+        // Each run of consecutive hours in one statement of each.
+        let mut runs: Vec<(i64, i64)> = Vec::new();
+        for h in &hours {
+            match runs.last_mut() {
+                Some((_, hi)) if *hi == *h => *hi += HOUR_SECS,
+                _ => runs.push((*h, h + HOUR_SECS)),
+            }
+        }
+        for (lo, hi) in runs {
+            for sql in [
+                "DELETE FROM group_hours WHERE hour >= $1 AND hour < $2".to_string(),
+                new_groups_sql(),
+            ] {
+                sqlx::query(&sql)
+                    .bind(lo)
+                    .bind(hi)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(&hour_rows_sql())
+                .bind(lo)
+                .bind(hi)
+                .bind(self.settings.idle_threshold_pct)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO group_clean_hours (hour) \
+                 SELECT generate_series($1, $2 - 1, CAST(3600 AS BIGINT))",
+            )
+            .bind(lo)
+            .bind(hi)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(hours.len())
+    }
+
+    /// The hours listed clean (`group_clean_hours`), oldest first (for tests).
+    #[doc(hidden)]
+    pub async fn clean_group_hours(&self) -> Result<Vec<i64>> {
+        Ok(
+            sqlx::query_scalar("SELECT hour FROM group_clean_hours ORDER BY hour")
+                .fetch_all(self.pool())
+                .await?,
+        )
+    }
+
     /// The days listed dirty (their group rows not rebuilt since they last changed).
     pub async fn dirty_group_days(&self) -> Result<i64> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM group_dirty")
@@ -191,12 +306,15 @@ impl Store {
     #[doc(hidden)]
     pub async fn mark_all_groups_dirty(&self) -> Result<()> {
         let _writer = self.write_lock.lock().await;
-        sqlx::query(
+        let mut tx = self.writer_tx().await?;
+        for sql in [
             "INSERT INTO group_dirty (day) SELECT DISTINCT day FROM gpu_days WHERE true \
              ON CONFLICT (day) DO NOTHING",
-        )
-        .execute(self.pool())
-        .await?;
+            "DELETE FROM group_clean_hours",
+        ] {
+            sqlx::query(sql).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }

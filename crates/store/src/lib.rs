@@ -220,6 +220,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "live_allocations_gone",
         include_str!("../migrations/sqlite/0023_live_allocations_gone.sql"),
     ),
+    (
+        24,
+        "group_clean_hours",
+        include_str!("../migrations/sqlite/0024_group_clean_hours.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -336,6 +341,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         23,
         "live_allocations_gone",
         include_str!("../migrations/postgres/0023_live_allocations_gone.sql"),
+    ),
+    (
+        24,
+        "group_clean_hours",
+        include_str!("../migrations/postgres/0024_group_clean_hours.sql"),
     ),
 ];
 
@@ -906,11 +916,14 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        // The hourly group rows go with the hours they sum (`crate::groups`).
-        sqlx::query(&self.sql("DELETE FROM group_hours WHERE hour < $1"))
-            .bind(rollup_cutoff)
-            .execute(&self.pool)
-            .await?;
+        // The hourly group rows go with the hours they sum (`crate::groups`), and so do the
+        // hours listed clean.
+        for table in ["group_hours", "group_clean_hours"] {
+            sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE hour < $1")))
+                .bind(rollup_cutoff)
+                .execute(&self.pool)
+                .await?;
+        }
         let audit_cutoff =
             now_secs - self.settings.audit_retention_days * gpuledger_model::DAY_SECS;
         sqlx::query(&self.sql("DELETE FROM audit_log WHERE minute < $1"))

@@ -3686,6 +3686,225 @@ async fn postgres_kept_shares_ahead_follow_allocations() {
     }
 }
 
+/// A fleet with every hour of yesterday and of today up to `now()` (2026-12-02 12:00): four
+/// physical GPUs of two teams and models, one MIG instance, hours busy, idle and unmeasured,
+/// one allocation across today.
+fn fleet_of_today() -> String {
+    let mut gpus = Vec::new();
+    let mut samples = Vec::new();
+    for g in 1..=4 {
+        let (model, team) = if g % 2 == 0 {
+            ("Tesla T4", "vision")
+        } else {
+            ("NVIDIA A100-SXM4-40GB", "nlp")
+        };
+        let uuid = format!("GPU-0000000{g}-1111-0000-0000-000000000000");
+        gpus.push(format!(
+            r#"{{"uuid":"{uuid}","model":"{model}","host":"h{g}","cloud":"aws","labels":{{"team":"{team}","env":"prod"}},"observed_at":"2026-12-01T00:00:00Z"}}"#
+        ));
+        for day in 1..=2 {
+            for hour in 0..24 {
+                if day == 2 && hour >= 12 || (g + hour) % 5 == 0 {
+                    continue;
+                }
+                let util = (g * 37 + hour * 11 + day) % 100;
+                samples.push(format!(
+                    r#"{{"gpu_uuid":"{uuid}","ts":"2026-12-0{day}T{hour:02}:20:00Z","util_pct":{util}}}"#
+                ));
+            }
+        }
+    }
+    gpus.push(
+        r#"{"uuid":"MIG-00000001-1111-0000-0000-0000000000a1","model":"NVIDIA A100-SXM4-40GB","host":"h1","mig_parent_uuid":"GPU-00000001-1111-0000-0000-000000000000","labels":{"team":"nlp"},"observed_at":"2026-12-01T00:00:00Z"}"#.to_string(),
+    );
+    samples.push(
+        r#"{"gpu_uuid":"MIG-00000001-1111-0000-0000-0000000000a1","ts":"2026-12-02T04:20:00Z","util_pct":90}"#.to_string(),
+    );
+    format!(
+        r#"{{"gpus":[{}],"samples":[{}],"allocations":[{{"gpu_uuid":"GPU-00000002-1111-0000-0000-000000000000","start":"2026-12-01T20:00:00Z","end":null,"workload":"train","kind":"pod","team":"vision"}}]}}"#,
+        gpus.join(","),
+        samples.join(",")
+    )
+}
+
+/// PostgreSQL: the group rows of today's finished hours (`Store::refresh_group_hours`) give
+/// the per-hour figures (the hourly trend, the heatmap) the per-GPU rows give, for windows
+/// over and within today and every filter of the group rollups' property; they are what is
+/// read (a group row changed by hand shows); and each kind of change takes the hours it
+/// touches off the list at once, so the figures stay those of the per-GPU rows before the
+/// refresher has been through: a late sample, a change of owner and of model, an allocation
+/// and an hour row removed by SQL.
+#[tokio::test]
+async fn postgres_clean_hours_of_today_follow_changes() {
+    use sqlx::Executor;
+    let Some((store, pool, _url, _schema)) =
+        postgres_schema("postgres_clean_hours_of_today_follow_changes", "t_clean").await
+    else {
+        return;
+    };
+    push(&store, &who("hand", None), &fleet_of_today()).await;
+    let windows = [
+        Window {
+            from: t("2026-12-01T05:00:00Z").timestamp(),
+            to: now().timestamp(),
+        },
+        Window {
+            from: t("2026-12-02T03:00:00Z").timestamp(),
+            to: t("2026-12-02T09:30:00Z").timestamp(),
+        },
+    ];
+    let check = || {
+        let store = store.clone();
+        async move {
+            let mut got = Vec::new();
+            for w in windows {
+                for filters in group_filters() {
+                    let hourly = store.series(w, &filters, false, now()).await.unwrap();
+                    let heat = store.heatmap(w, &filters, now()).await.unwrap();
+                    got.push((
+                        format!("{w:?} {filters:?}"),
+                        format!("{hourly:?}\n{heat:?}"),
+                    ));
+                }
+            }
+            got
+        }
+    };
+    let compare = |a: &[(String, String)], b: &[(String, String)], when: &str| {
+        assert_eq!(a.len(), b.len());
+        for ((at, x), (_, y)) in a.iter().zip(b) {
+            assert_close_debug(&x, &y, &format!("{when}: {at}"));
+        }
+    };
+    // Reference: every hour read from the per-GPU rows, then everything rebuilt.
+    let reference = || {
+        let store = store.clone();
+        async move {
+            store.mark_all_groups_dirty().await.unwrap();
+            assert!(store.clean_group_hours().await.unwrap().is_empty());
+            let figures = check().await;
+            store.refresh_groups(now().timestamp()).await.unwrap();
+            // Hours 00:00 to 10:00 have ended two minutes ago or more; 11:00 has not.
+            assert_eq!(
+                store.refresh_group_hours(now().timestamp()).await.unwrap(),
+                11
+            );
+            figures
+        }
+    };
+    let expected = reference().await;
+    let today = t("2026-12-02T00:00:00Z").timestamp();
+    let all: Vec<i64> = (0..11).map(|h| today + h * 3600).collect();
+    assert_eq!(store.clean_group_hours().await.unwrap(), all);
+    assert_eq!(
+        store.refresh_group_hours(now().timestamp()).await.unwrap(),
+        0
+    );
+    compare(&check().await, &expected, "group rows of today's hours");
+
+    // They are what is read: a group row of 05:00 changed by hand shows in the figures.
+    pool.execute(
+        format!(
+            "UPDATE group_hours SET act = act + 1000 WHERE hour = {}",
+            today + 5 * 3600
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    let tampered = check().await;
+    assert_ne!(tampered[0].1, expected[0].1, "the group rows are not read");
+    assert_eq!(store.clean_group_hours().await.unwrap(), all);
+    pool.execute(
+        format!(
+            "DELETE FROM group_clean_hours WHERE hour = {}",
+            today + 5 * 3600
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    compare(&check().await, &expected, "an hour off the list");
+    assert_eq!(
+        store.refresh_group_hours(now().timestamp()).await.unwrap(),
+        1
+    );
+    compare(&check().await, &expected, "rebuilt");
+
+    let g1 = "GPU-00000001-1111-0000-0000-000000000000";
+    let g2 = "GPU-00000002-1111-0000-0000-000000000000";
+    let changes = [
+        // A late sample in a finished hour: that hour alone leaves the list.
+        (
+            format!(
+                r#"{{"samples":[{{"gpu_uuid":"{g1}","ts":"2026-12-02T03:50:00Z","util_pct":1}}]}}"#
+            ),
+            Some(vec![today + 3 * 3600]),
+        ),
+        // A change of owner within today: the hours of that GPU's rows.
+        (
+            format!(
+                r#"{{"gpus":[{{"uuid":"{g1}","model":"NVIDIA A100-SXM4-40GB","host":"h1","cloud":"aws","labels":{{"team":"vision","env":"prod"}},"observed_at":"2026-12-02T06:30:00Z"}}]}}"#
+            ),
+            None,
+        ),
+        // A change of model.
+        (
+            format!(
+                r#"{{"gpus":[{{"uuid":"{g2}","model":"NVIDIA H100 80GB HBM3","host":"h2","cloud":"aws","labels":{{"team":"vision","env":"prod"}},"observed_at":"2026-12-02T11:10:00Z"}}]}}"#
+            ),
+            None,
+        ),
+        // An allocation over finished hours: their allocated flags.
+        (
+            format!(
+                r#"{{"allocations":[{{"gpu_uuid":"{g1}","start":"2026-12-02T07:00:00Z","end":"2026-12-02T09:00:00Z","workload":"late","kind":"pod","team":"nlp"}}]}}"#
+            ),
+            Some(vec![today + 7 * 3600, today + 8 * 3600]),
+        ),
+    ];
+    let mut previous = expected;
+    for (n, (body, gone)) in changes.iter().enumerate() {
+        let out = push(&store, &who("hand", None), body).await;
+        assert!(out.rejected.is_empty(), "change {n}: {:?}", out.rejected);
+        let left = store.clean_group_hours().await.unwrap();
+        match gone {
+            Some(gone) => {
+                let want: Vec<i64> = all.iter().filter(|h| !gone.contains(h)).copied().collect();
+                assert_eq!(left, want, "change {n}");
+            }
+            None => assert!(left.len() < all.len(), "change {n} left {left:?}"),
+        }
+        let pending = check().await;
+        let expected = reference().await;
+        compare(
+            &pending,
+            &expected,
+            &format!("change {n}, before the refresher"),
+        );
+        assert_ne!(
+            format!("{expected:?}"),
+            format!("{previous:?}"),
+            "change {n} moves no figure"
+        );
+        compare(&check().await, &expected, &format!("change {n}, rebuilt"));
+        previous = expected;
+    }
+    // An hour row removed by SQL.
+    pool.execute(
+        format!("DELETE FROM gpu_hours WHERE hour = {} AND gpu_id = (SELECT id FROM gpus WHERE uuid = '{g2}')", today + 9 * 3600).as_str(),
+    )
+    .await
+    .unwrap();
+    let left = store.clean_group_hours().await.unwrap();
+    assert!(
+        !left.contains(&(today + 9 * 3600)) && left.len() == all.len() - 1,
+        "{left:?}"
+    );
+    let pending = check().await;
+    compare(&pending, &reference().await, "a removed hour row");
+}
+
 /// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
 /// samples land in theirs (not the default), retention drops a partition whole, and a row
 /// that arrived before its partition existed moves into it when it is made.
