@@ -10,7 +10,7 @@ pub use gpuledger_ledger::summary::SeriesPoint;
 use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
 use gpuledger_model::{day_floor, Summary, DAY_SECS};
 
-use crate::groups::{dirty_hour_ranges, CLEAN_DAYS, CLEAN_HOURS};
+use crate::groups::{dirty_hour_rows, CLEAN_DAYS, CLEAN_HOURS};
 use crate::query::{held_idle, Window, SPLIT_DAYS};
 use crate::{Filters, Result, Store};
 
@@ -116,7 +116,7 @@ const POINT_SUMS: &str = "SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, \
      CAST(SUM(alloc) AS BIGINT) AS alloc, CAST(SUM(act) AS DOUBLE PRECISION) AS act";
 
 /// The binds `$1..$6` of the per-hour figures: the window's whole days (`$1..$2`) and its
-/// partial edge days (`$3..$4`, `$5..$6`), as [`dirty_hour_ranges`] and [`CLEAN_HOURS`] take them.
+/// partial edge days (`$3..$4`, `$5..$6`), as [`dirty_hour_rows`] and [`CLEAN_HOURS`] take them.
 fn hour_binds(window: Window, now: DateTime<Utc>) -> [i64; 6] {
     let (lo, hi) = window.hours(now.timestamp());
     let ((d_lo, d_hi), [e1, e2]) = crate::query::whole_days(lo, hi);
@@ -171,7 +171,20 @@ impl Store {
         // and the partial edge days from the hour rows.
         let (join, clause, binds) = self.owned_clause(filters, 8, "h.gpu_id", "h.hour");
         let groups = filters.group_clause(8);
-        let ranges = dirty_hour_ranges(self.backend());
+        let hours = dirty_hour_rows(self.backend());
+        // Without filters, skip the join to the GPUs (a scan of every GPU's row): MIG
+        // instances are the only GPUs to leave out, and they are few.
+        let scope = if filters.is_empty() {
+            format!(
+                "FROM {hours} WHERE h.hour >= r.lo AND h.hour < r.hi \
+                 AND h.gpu_id NOT IN (SELECT id FROM gpus WHERE mig_parent_uuid IS NOT NULL)"
+            )
+        } else {
+            format!(
+                "FROM {hours} JOIN gpus g ON g.id = h.gpu_id{join} \
+                 WHERE h.hour >= r.lo AND h.hour < r.hi AND g.mig_parent_uuid IS NULL{clause}"
+            )
+        };
         let sql = format!(
             "{POINT_SUMS} FROM (\
                SELECT gh.hour AS t, gh.present AS gpus, gh.present AS present, \
@@ -184,9 +197,7 @@ impl Store {
                SUM(CASE WHEN h.act_n > 0 THEN 1 ELSE 0 END) AS known, \
                SUM(h.allocated) AS alloc, \
                SUM(CASE WHEN h.act_n > 0 THEN h.act_sum / h.act_n ELSE 0 END) AS act \
-               FROM {ranges} CROSS JOIN gpu_hours h JOIN gpus g ON g.id = h.gpu_id{join} \
-               WHERE h.hour >= r.lo AND h.hour < r.hi AND g.mig_parent_uuid IS NULL{clause} \
-               GROUP BY h.hour) s GROUP BY t ORDER BY t"
+               {scope} GROUP BY h.hour) s GROUP BY t ORDER BY t"
         );
         self.fetch_window_rows(&sql, hour_binds(window, now), binds)
             .await?
@@ -496,20 +507,20 @@ impl Store {
     ) -> Result<Vec<(i64, i64, f64)>> {
         let (join, clause, binds) = self.owned_clause(filters, 7, "h.gpu_id", "h.hour");
         let groups = filters.group_clause(7);
-        let ranges = dirty_hour_ranges(self.backend());
+        let hours = dirty_hour_rows(self.backend());
         // Hours of whole days from the group rollups, except the days listed dirty; those and
         // the partial edge days summed per clock hour in SQL (a streaming scan of the covering
         // hour index). The hours are folded into weekday × hour of day here. Without filters,
         // skip the join: MIG instances are the only GPUs to leave out, and they are few.
         let scope = if filters.is_empty() {
             format!(
-                "FROM {ranges} CROSS JOIN gpu_hours h WHERE h.hour >= r.lo \
+                "FROM {hours} WHERE h.hour >= r.lo \
                  AND h.hour < r.hi AND h.act_n > 0 \
                  AND h.gpu_id NOT IN (SELECT id FROM gpus WHERE mig_parent_uuid IS NOT NULL)"
             )
         } else {
             format!(
-                "FROM {ranges} CROSS JOIN gpu_hours h JOIN gpus g ON g.id = h.gpu_id\
+                "FROM {hours} JOIN gpus g ON g.id = h.gpu_id\
                  {join} WHERE h.hour >= r.lo AND h.hour < r.hi AND h.act_n > 0 \
                  AND g.mig_parent_uuid IS NULL{clause}"
             )

@@ -111,12 +111,16 @@ pub(crate) const CLEAN_HOURS: &str = "FROM (\
        AND EXISTS (SELECT 1 FROM group_dirty x WHERE x.day = c.hour - c.hour % 86400)) gh \
      JOIN fleet_groups fg ON fg.id = gh.grp WHERE 1 = 1";
 
-/// The hour ranges a window's per-hour figures read from the hour rows (`r.lo`, `r.hi`): its
-/// partial edge days (`$3..$4`, `$5..$6`) and its whole days in `[$1, $2)` listed dirty, less
-/// the hours [`CLEAN_HOURS`] reads from the group rows. On PostgreSQL each hour is a range of
-/// its own, those listed clean left out; SQLite lists no hour clean (migration 24) and reads
-/// the ranges whole.
-pub(crate) fn dirty_hour_ranges(backend: Backend) -> &'static str {
+/// The hour rows `h` (columns `gpu_id`, `hour`, `act_n`, `act_sum`, `allocated`) a window's
+/// per-hour figures read from the per-GPU rows, each with its range `r` (`r.lo`, `r.hi`; the
+/// caller keeps `h.hour >= r.lo AND h.hour < r.hi`): its partial edge days (`$3..$4`,
+/// `$5..$6`) and its whole days in `[$1, $2)` listed dirty, less the hours [`CLEAN_HOURS`]
+/// reads from the group rows. On PostgreSQL each hour is a range of its own, those listed
+/// clean left out, and each range is read by its own scan of the hour index (a lateral
+/// subquery the planner cannot flatten: estimating a thousand ranges, it would otherwise
+/// scan every hour row once and match them to the ranges). SQLite lists no hour clean
+/// (migration 24) and joins the ranges whole.
+pub(crate) fn dirty_hour_rows(backend: Backend) -> &'static str {
     match backend {
         Backend::Postgres => {
             "(SELECT s.hr AS lo, s.hr + 3600 AS hi FROM (\
@@ -124,11 +128,14 @@ pub(crate) fn dirty_hour_ranges(backend: Backend) -> &'static str {
                UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) b \
              CROSS JOIN LATERAL generate_series(b.lo, b.hi - 1, CAST(3600 AS BIGINT)) s(hr) \
              WHERE NOT EXISTS (SELECT 1 FROM group_clean_hours c \
-               JOIN group_dirty x ON x.day = c.hour - c.hour % 86400 WHERE c.hour = s.hr)) r"
+               JOIN group_dirty x ON x.day = c.hour - c.hour % 86400 WHERE c.hour = s.hr)) r \
+             CROSS JOIN LATERAL (SELECT h.gpu_id, h.hour, h.act_n, h.act_sum, h.allocated \
+               FROM gpu_hours h WHERE h.hour >= r.lo AND h.hour < r.hi OFFSET 0) h"
         }
         Backend::Sqlite => {
             "(SELECT $3 AS lo, $4 AS hi UNION ALL SELECT $5, $6 \
-             UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) r"
+             UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) r \
+             CROSS JOIN gpu_hours h"
         }
     }
 }
