@@ -210,14 +210,29 @@ impl Store {
     /// UTC day, clipped to the window, so the bars add up to the headline figures. A GPU counts
     /// under its owner at each hour, as in the summary. Whole days come from the group rollups
     /// (`crate::groups`) except the days listed dirty and the GPU-days a change of owner
-    /// splits, which come from the per-GPU rows with the window's edges.
+    /// splits, which come from the per-GPU rows with the window's edges. Where the window
+    /// runs to now from a day before ([`Store::shares_today`]), today's point is summed from
+    /// today's per-GPU rows (`ledger::summary::day_point` over [`Store::todays_windows`], kept
+    /// between requests on PostgreSQL), as the Overview sums it, instead of read from today's
+    /// day rows less the hours ahead of the clock at each request (at 100,000 GPUs, 0.4 s).
     async fn daily_series(
         &self,
         window: Window,
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<SeriesPoint>> {
-        self.daily_series_with(window, filters, now, false).await
+        if !Self::shares_today(window, now) {
+            return self.daily_series_with(window, filters, now, false).await;
+        }
+        let (mut series, today) = tokio::try_join!(
+            self.daily_series_with(window, filters, now, true),
+            self.todays_windows(window, filters, now),
+        )?;
+        series.extend(gpuledger_ledger::summary::day_point(
+            ts(day_floor(now.timestamp())),
+            &today,
+        ));
+        Ok(series)
     }
 
     /// [`Store::daily_series`], without today's point where `today_apart`

@@ -3729,7 +3729,8 @@ fn fleet_of_today() -> String {
 
 /// PostgreSQL: the group rows of today's finished hours (`Store::refresh_group_hours`) give
 /// the per-hour figures (the hourly trend, the heatmap) the per-GPU rows give, for windows
-/// over and within today and every filter of the group rollups' property; they are what is
+/// over and within today and every filter of the group rollups' property (and the daily
+/// trend's point of today, summed from today's kept rows, the one read); they are what is
 /// read (a group row changed by hand shows); and each kind of change takes the hours it
 /// touches off the list at once, so the figures stay those of the per-GPU rows before the
 /// refresher has been through: a late sample, a change of owner and of model, an allocation
@@ -3753,7 +3754,7 @@ async fn postgres_clean_hours_of_today_follow_changes() {
             to: t("2026-12-02T09:30:00Z").timestamp(),
         },
     ];
-    let check = || {
+    let check = |daily_too: bool| {
         let store = store.clone();
         async move {
             let mut got = Vec::new();
@@ -3761,9 +3762,19 @@ async fn postgres_clean_hours_of_today_follow_changes() {
                 for filters in group_filters() {
                     let hourly = store.series(w, &filters, false, now()).await.unwrap();
                     let heat = store.heatmap(w, &filters, now()).await.unwrap();
+                    // The daily trend of a window ending now sums today's point from today's
+                    // per-GPU rows; a second earlier, the same hours are read from the hour
+                    // and day rows.
+                    let daily = store.series(w, &filters, true, now()).await.unwrap();
+                    let before = Window { to: w.to - 1, ..w };
+                    let read = store.series(before, &filters, true, now()).await.unwrap();
+                    assert!(!daily.is_empty());
+                    if daily_too {
+                        assert_close_debug(&daily, &read, &format!("daily {w:?} {filters:?}"));
+                    }
                     got.push((
                         format!("{w:?} {filters:?}"),
-                        format!("{hourly:?}\n{heat:?}"),
+                        format!("{hourly:?}\n{heat:?}\n{daily:?}"),
                     ));
                 }
             }
@@ -3777,12 +3788,12 @@ async fn postgres_clean_hours_of_today_follow_changes() {
         }
     };
     // Reference: every hour read from the per-GPU rows, then everything rebuilt.
-    let reference = || {
+    let reference = |daily_too: bool| {
         let store = store.clone();
         async move {
             store.mark_all_groups_dirty().await.unwrap();
             assert!(store.clean_group_hours().await.unwrap().is_empty());
-            let figures = check().await;
+            let figures = check(daily_too).await;
             store.refresh_groups(now().timestamp()).await.unwrap();
             // Hours 00:00 to 10:00 have ended two minutes ago or more; 11:00 has not.
             assert_eq!(
@@ -3792,7 +3803,7 @@ async fn postgres_clean_hours_of_today_follow_changes() {
             figures
         }
     };
-    let expected = reference().await;
+    let expected = reference(true).await;
     let today = t("2026-12-02T00:00:00Z").timestamp();
     let all: Vec<i64> = (0..11).map(|h| today + h * 3600).collect();
     assert_eq!(store.clean_group_hours().await.unwrap(), all);
@@ -3800,7 +3811,7 @@ async fn postgres_clean_hours_of_today_follow_changes() {
         store.refresh_group_hours(now().timestamp()).await.unwrap(),
         0
     );
-    compare(&check().await, &expected, "group rows of today's hours");
+    compare(&check(true).await, &expected, "group rows of today's hours");
 
     // They are what is read: a group row of 05:00 changed by hand shows in the figures.
     pool.execute(
@@ -3812,7 +3823,7 @@ async fn postgres_clean_hours_of_today_follow_changes() {
     )
     .await
     .unwrap();
-    let tampered = check().await;
+    let tampered = check(true).await;
     assert_ne!(tampered[0].1, expected[0].1, "the group rows are not read");
     assert_eq!(store.clean_group_hours().await.unwrap(), all);
     pool.execute(
@@ -3824,12 +3835,12 @@ async fn postgres_clean_hours_of_today_follow_changes() {
     )
     .await
     .unwrap();
-    compare(&check().await, &expected, "an hour off the list");
+    compare(&check(true).await, &expected, "an hour off the list");
     assert_eq!(
         store.refresh_group_hours(now().timestamp()).await.unwrap(),
         1
     );
-    compare(&check().await, &expected, "rebuilt");
+    compare(&check(true).await, &expected, "rebuilt");
 
     let g1 = "GPU-00000001-1111-0000-0000-000000000000";
     let g2 = "GPU-00000002-1111-0000-0000-000000000000";
@@ -3875,8 +3886,8 @@ async fn postgres_clean_hours_of_today_follow_changes() {
             }
             None => assert!(left.len() < all.len(), "change {n} left {left:?}"),
         }
-        let pending = check().await;
-        let expected = reference().await;
+        let pending = check(true).await;
+        let expected = reference(true).await;
         compare(
             &pending,
             &expected,
@@ -3887,7 +3898,11 @@ async fn postgres_clean_hours_of_today_follow_changes() {
             format!("{previous:?}"),
             "change {n} moves no figure"
         );
-        compare(&check().await, &expected, &format!("change {n}, rebuilt"));
+        compare(
+            &check(true).await,
+            &expected,
+            &format!("change {n}, rebuilt"),
+        );
         previous = expected;
     }
     // An hour row removed by SQL.
@@ -3901,8 +3916,10 @@ async fn postgres_clean_hours_of_today_follow_changes() {
         !left.contains(&(today + 9 * 3600)) && left.len() == all.len() - 1,
         "{left:?}"
     );
-    let pending = check().await;
-    compare(&pending, &reference().await, "a removed hour row");
+    // Its day row still counts it (nothing re-rolled it): the daily trend's point of today
+    // differs from the hours, as the hours and day rows now do.
+    let pending = check(false).await;
+    compare(&pending, &reference(false).await, "a removed hour row");
 }
 
 /// PostgreSQL keeps raw samples in day partitions and hour rollups in week partitions:
