@@ -587,7 +587,17 @@ pub fn first_ranked<T>(
 
 /// The savings total: Σ $ per month over priced findings (no-activity findings have none).
 pub fn total_per_month(findings: &[Finding]) -> f64 {
-    round(findings.iter().filter_map(|f| f.usd_per_month).sum(), 2)
+    total_per_month_of(findings.iter().map(|f| f.usd_per_month))
+}
+
+/// [`total_per_month`] of the findings' $ per month alone (`None`: not priced), so that a
+/// page can total findings it does not write. Summed smallest first, whatever order they come
+/// in: the Waste page and `GET /api/v1/savings` list the same findings in different orders,
+/// and their totals are the same to the last bit.
+pub fn total_per_month_of(values: impl IntoIterator<Item = Option<f64>>) -> f64 {
+    let mut priced: Vec<f64> = values.into_iter().flatten().collect();
+    priced.sort_unstable_by(f64::total_cmp);
+    round(priced.iter().sum(), 2)
 }
 
 #[cfg(test)]

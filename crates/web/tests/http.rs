@@ -127,6 +127,61 @@ fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
 
+/// The Waste page shows the first rows of each table, largest first, says how many more there
+/// are, and links the CSV of the table, which has them all; its total is every finding's, as
+/// `GET /api/v1/savings` totals them.
+#[tokio::test]
+async fn waste_page_shows_the_first_rows_and_the_csv_has_them_all() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("fleet", &[]).await;
+    let n = 130;
+    let mut gpus = Vec::new();
+    let mut samples = Vec::new();
+    for i in 0..n {
+        let uuid = format!("GPU-{i:08x}-0000-0000-0000-00000000beef");
+        gpus.push(
+            json!({"uuid": uuid, "model": "Tesla T4", "host": format!("w{i}"),
+            "labels": {"team": "vision"}, "observed_at": "2026-11-20T10:00:00Z"}),
+        );
+        for day in 20..=32 {
+            let ts = if day <= 30 {
+                format!("2026-11-{day:02}T10:00:00Z")
+            } else {
+                format!("2026-12-{:02}T11:30:00Z", day - 30)
+            };
+            samples.push(json!({"gpu_uuid": uuid, "ts": ts, "util_pct": 0}));
+        }
+    }
+    let (status, out) = app
+        .push(
+            Some(&token),
+            bytes(&json!({"gpus": gpus, "samples": samples})),
+            false,
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, page) = app.get("/waste?range=7d").await;
+    assert_eq!(status, 200);
+    let table = &page[page.find(r#"<table id="idle-gpus""#).unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    // The header row, then the hundred rows shown.
+    assert_eq!(table.matches("<tr").count() - 1, 100, "{table}");
+    assert!(
+        page.contains(r#"id="idle-gpus-more""#) && page.contains("30 more are in the"),
+        "{page}"
+    );
+    // No other table is cut.
+    assert_eq!(page.matches("more are in the").count(), 1);
+    let (status, csv) = app.get("/waste?range=7d&csv=idle-gpus").await;
+    assert_eq!(status, 200);
+    assert_eq!(csv.lines().count(), 1 + n, "{csv}");
+    // 130 T4s at $0.35 an hour: 130 × 255.50 a month, whether written or not.
+    let savings = app.get_json("/api/v1/savings?range=7d").await;
+    assert_eq!(savings["usd_per_month"], 33215.0);
+    assert_eq!(savings["count"], n);
+    assert!(page.contains(r#"id="waste-total">$33,215<"#), "{page}");
+}
+
 #[tokio::test]
 async fn ingest_without_or_with_unknown_token_is_401() {
     let app = app(WebConfig::default()).await;

@@ -545,6 +545,7 @@ impl Notifier {
             idle_days,
             tables: false,
             top: None,
+            rows: None,
         };
         let found =
             crate::ui::findings::findings(state, &p, &frame, listing, &gpus, &windows, reads);

@@ -4,8 +4,9 @@
 
 use gpuledger_ledger::waste::{
     activity_candidate, allocated_idle_finding, billed_unseen_finding, first_ranked,
-    low_memory_candidate, missing_finding, per_month, rank, rank_order, ActivityCandidate,
-    ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload, LowMemoryCandidate, Place,
+    low_memory_candidate, missing_finding, per_month, rank, rank_order, total_per_month_of,
+    ActivityCandidate, ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload,
+    LowMemoryCandidate, Place,
 };
 
 use super::{col, count, ncol, usd0, Cell, Frame, Table};
@@ -23,6 +24,8 @@ pub struct Findings {
     /// Every finding (the first [`Listing::top`] where given), ranked by
     /// `ledger::waste::rank`, with evidence links carrying the page's filters and range.
     pub all: Vec<Finding>,
+    /// `ledger::waste::total_per_month` of every finding, written or not.
+    pub total_per_month: f64,
 }
 
 /// `$1,235`, or `unknown` where a finding cannot be priced (no rate).
@@ -42,6 +45,10 @@ pub struct Listing {
     /// thousands at 100,000 GPUs, are then ranked without being written, and only the first
     /// `top` of all findings are written and linked.
     pub top: Option<usize>,
+    /// Where [`Listing::tables`], only the first `rows` rows of each table are written (the
+    /// rest are counted in [`Table::hidden`]): the Waste page at 100,000 GPUs would otherwise
+    /// write tens of thousands of rows, 15 MB of HTML. Its CSV downloads write them all.
+    pub rows: Option<usize>,
 }
 
 /// The order the idle and unmeasured GPUs are listed in: $ per month (largest first), then
@@ -164,6 +171,7 @@ pub fn findings(
         idle_days,
         tables,
         top,
+        rows,
     }: Listing,
     gpus: &[gpuledger_model::GpuView],
     windows: &[gpuledger_ledger::GpuWindow],
@@ -231,12 +239,15 @@ pub fn findings(
     if tables || top.is_none() {
         found.sort_unstable_by(listed);
     }
+    // Whether a table has room for one more row of the page.
+    let room = |t: &Table| tables && rows.is_none_or(|n| t.rows.len() < n);
     for c in &found {
         let table = match c.kind {
             FindingKind::IdleGpu => &mut idle,
             _ => &mut unmeasured,
         };
-        if tables {
+        table.hidden += usize::from(tables && !room(table));
+        if room(table) {
             // Written once, for its row's link and the list.
             let x = c.finding();
             let (g, days) = (c.gpu(), c.days);
@@ -283,7 +294,8 @@ pub fn findings(
     );
     for w in workloads.iter().take(100) {
         let x = allocated_idle_finding(w, window_hours);
-        if tables {
+        alloc_idle.hidden += usize::from(tables && !room(&alloc_idle));
+        if room(&alloc_idle) {
             alloc_idle.push(vec![
                 Cell::text(&*w.workload),
                 Cell::text(&*w.kind),
@@ -324,7 +336,8 @@ pub fn findings(
         lows.sort_by(listed_low);
     }
     for c in &lows {
-        if tables {
+        low_mem.hidden += usize::from(tables && !room(&low_mem));
+        if room(&low_mem) {
             let x = c.finding();
             let (w, share) = (c.window(), c.share);
             let act = w.avg_activity_pct();
@@ -364,7 +377,8 @@ pub fn findings(
         .iter()
         .filter_map(|g| missing_finding(g).map(|x| (g, x)))
     {
-        if tables {
+        missing.hidden += usize::from(tables && !room(&missing));
+        if room(&missing) {
             missing.push(vec![
                 Cell::text(&*g.uuid).link(link(&x)),
                 Cell::text(g.host.as_deref().unwrap_or_default()),
@@ -408,7 +422,8 @@ pub fn findings(
             file: u.file.clone(),
         };
         let x = billed_unseen_finding(&b);
-        if tables {
+        billed_unseen.hidden += usize::from(tables && !room(&billed_unseen));
+        if room(&billed_unseen) {
             billed_unseen.push(vec![
                 Cell::text(u.resource_id.clone()),
                 Cell::text(u.instance_type.clone().unwrap_or_else(|| "unknown".into())),
@@ -424,6 +439,7 @@ pub fn findings(
         }
         all.push(Ranked::Other(x));
     }
+    let total_per_month = total_per_month_of(all.iter().map(|r| r.rank_key().1));
     let mut all: Vec<Finding> = match top {
         Some(n) => {
             let first = first_ranked(&all, n, |a, b| {
@@ -453,5 +469,6 @@ pub fn findings(
         missing,
         billed_unseen,
         all,
+        total_per_month,
     }
 }

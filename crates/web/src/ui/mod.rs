@@ -183,6 +183,8 @@ pub struct Table {
     pub empty: String,
     /// Rows indented under the row before them (MIG instances under their GPU).
     pub child: Vec<bool>,
+    /// Rows left out of the page after the first ones (the CSV of the table has them all).
+    pub hidden: usize,
 }
 
 impl Table {
@@ -194,12 +196,18 @@ impl Table {
             csv_href: frame.with(&[("csv", id)]),
             empty: "nothing in this range and filter".into(),
             child: Vec::new(),
+            hidden: 0,
         }
     }
 
     pub fn push(&mut self, row: Vec<Cell>) {
         self.rows.push(row);
         self.child.push(false);
+    }
+
+    /// [`Table::hidden`], written as the page writes counts.
+    pub fn hidden_text(&self) -> String {
+        count(self.hidden as i64)
     }
 
     pub fn push_child(&mut self, row: Vec<Cell>) {

@@ -82,6 +82,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
         idle_days: 7,
         tables: false,
         top: Some(TOP_FINDINGS),
+        rows: None,
     };
     let found = findings(&state, &p, &f, listing, &gpus, &per_gpu, reads);
     let t = &total;

@@ -27,6 +27,10 @@ pub struct WastePage {
     pub billed_unseen: Table,
 }
 
+/// How many rows of each table the Waste page shows (largest first); the CSV of a table has
+/// them all.
+pub const ROWS_SHOWN: usize = 100;
+
 /// The Waste page's own parameter: `idle_days`.
 pub struct WasteParams;
 impl Takes for WasteParams {
@@ -101,7 +105,10 @@ async fn load(
         Listing {
             idle_days,
             tables,
-            top: None,
+            // The page shows its tables and the total, never the ranked list; the API lists
+            // every finding.
+            top: tables.then_some(0),
+            rows: (tables && !page.p.extra.contains_key("csv")).then_some(ROWS_SHOWN),
         },
         &gpus,
         &windows,
@@ -116,7 +123,7 @@ pub async fn waste(
 ) -> Result<Response, PageError> {
     let (page, found, idle_days) = load(&state, page, true).await?;
     let (p, f) = (page.p, page.frame);
-    let total = total_per_month(&found.all);
+    let total = found.total_per_month;
     let page = WastePage {
         idle_links: [3, 7, 14, 30]
             .iter()
