@@ -1,6 +1,6 @@
 //! Answers kept in memory between requests on PostgreSQL: today's per-GPU rows, the GPU
-//! lists, today's activity evidence and the used-by and allocated-idle shares of the hours
-//! ahead of the clock.
+//! lists, today's activity evidence, the used-by and allocated-idle shares of the hours
+//! ahead of the clock and today's allocated-idle day rows.
 //!
 //! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`), the list of
 //! every GPU (`Store::list_gpus`) and, for the findings, each GPU's last busy and last measured
@@ -106,6 +106,8 @@ pub(crate) struct Lives {
     pub(crate) ahead: Live,
     /// The allocated-idle shares of the hours ahead of the clock (`Store::idle_shares_kept`).
     pub(crate) idle_ahead: Live,
+    /// Today's allocated-idle day rows (`Store::idle_day_shares_kept`).
+    pub(crate) idle_today: Live,
     /// Nothing kept: every answer read from the database, filters and all (for tests).
     off: bool,
 }
@@ -123,6 +125,7 @@ impl Default for Lives {
             evidence: live(KEPT_EVIDENCE),
             ahead: live(KEPT_AHEAD),
             idle_ahead: live(KEPT_AHEAD),
+            idle_today: live(KEPT_EVIDENCE),
             off: false,
         }
     }
@@ -137,6 +140,7 @@ pub enum KeptKind {
     Evidence,
     Ahead,
     IdleAhead,
+    IdleToday,
 }
 
 /// One question's answer, behind the lock a request holds while it brings it up to date.
@@ -305,6 +309,7 @@ impl Store {
             KeptKind::Evidence => &self.live.evidence,
             KeptKind::Ahead => &self.live.ahead,
             KeptKind::IdleAhead => &self.live.idle_ahead,
+            KeptKind::IdleToday => &self.live.idle_today,
         }
         .reads;
         [0, 1, 2, 3].map(|i| r[i].load(Atomic::Relaxed))
