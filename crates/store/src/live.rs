@@ -1,6 +1,6 @@
 //! Answers kept in memory between requests on PostgreSQL: today's per-GPU rows, the GPU
 //! lists, today's activity evidence, the used-by and allocated-idle shares of the hours
-//! ahead of the clock and today's allocated-idle day rows.
+//! ahead of the clock and today's used-by and allocated-idle day rows.
 //!
 //! Every fleet-wide page reads today's counts of every GPU (`Store::gpu_windows`), the list of
 //! every GPU (`Store::list_gpus`) and, for the findings, each GPU's last busy and last measured
@@ -108,6 +108,8 @@ pub(crate) struct Lives {
     pub(crate) idle_ahead: Live,
     /// Today's allocated-idle day rows (`Store::idle_day_shares_kept`).
     pub(crate) idle_today: Live,
+    /// Today's used-by day rows (`Store::held_day_shares_kept`).
+    pub(crate) held_today: Live,
     /// Nothing kept: every answer read from the database, filters and all (for tests).
     off: bool,
 }
@@ -126,6 +128,7 @@ impl Default for Lives {
             ahead: live(KEPT_AHEAD),
             idle_ahead: live(KEPT_AHEAD),
             idle_today: live(KEPT_EVIDENCE),
+            held_today: live(KEPT_EVIDENCE),
             off: false,
         }
     }
@@ -141,6 +144,7 @@ pub enum KeptKind {
     Ahead,
     IdleAhead,
     IdleToday,
+    HeldToday,
 }
 
 /// One question's answer, behind the lock a request holds while it brings it up to date.
@@ -310,6 +314,7 @@ impl Store {
             KeptKind::Ahead => &self.live.ahead,
             KeptKind::IdleAhead => &self.live.idle_ahead,
             KeptKind::IdleToday => &self.live.idle_today,
+            KeptKind::HeldToday => &self.live.held_today,
         }
         .reads;
         [0, 1, 2, 3].map(|i| r[i].load(Atomic::Relaxed))

@@ -3677,7 +3677,12 @@ async fn postgres_kept_shares_ahead_follow_allocations() {
         "a removed allocation leaves the kept answers' generation as it was"
     );
     check("after a removed allocation").await;
-    for kind in [KeptKind::Ahead, KeptKind::IdleAhead, KeptKind::IdleToday] {
+    for kind in [
+        KeptKind::Ahead,
+        KeptKind::IdleAhead,
+        KeptKind::IdleToday,
+        KeptKind::HeldToday,
+    ] {
         let [_, some, kept, _] = store.kept_reads(kind);
         assert!(
             some >= 1 && kept >= 1,
