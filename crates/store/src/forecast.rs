@@ -124,21 +124,44 @@ impl From<TotalDay> for DayRow {
 impl Store {
     /// Per UTC day of the window and (owner team and env at the hour, cloud, model): present
     /// GPU-hours, their cost over GPUs with a rate, and the hours of GPUs without one. Team
-    /// and environment filters select the owner at the hour, as in the summary.
+    /// and environment filters select the owner at the hour, as in the summary. Where the
+    /// window runs to now from a day before ([`Store::shares_today`]), today's rows are summed
+    /// from today's per-GPU rows (`ledger::forecast::day_rows` over [`Store::todays_windows`],
+    /// kept between requests on PostgreSQL), as the Overview sums them, instead of read from
+    /// today's day rows less the hours ahead of the clock at each request (at 100,000 GPUs,
+    /// 0.35 to 0.65 s).
     pub async fn forecast_days(
         &self,
         window: Window,
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<DayRow>> {
-        self.split_at_today(
-            format!("forecast days {filters:?}"),
-            window,
-            now,
-            day_start,
-            |w| self.forecast_days_read(w, filters, now),
-        )
-        .await
+        let share = Self::shares_today(window, now);
+        let (mut days, today) = tokio::try_join!(
+            self.split_at_today_with(
+                format!("forecast days {filters:?}"),
+                window,
+                now,
+                day_start,
+                |w| self.forecast_days_read(w, filters, now),
+                share,
+            ),
+            async {
+                if share {
+                    self.todays_windows(window, filters, now).await
+                } else {
+                    Ok(Vec::new())
+                }
+            },
+        )?;
+        if share {
+            let start = gpuledger_model::day_floor(now.timestamp());
+            let day = DateTime::from_timestamp(start, 0)
+                .unwrap_or_default()
+                .date_naive();
+            days.extend(gpuledger_ledger::forecast::day_rows(day, &today));
+        }
+        Ok(days)
     }
 
     /// [`Store::forecast_days`] read at once.

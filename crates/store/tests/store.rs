@@ -3774,8 +3774,20 @@ async fn postgres_clean_hours_of_today_follow_changes() {
                     let before = Window { to: w.to - 1, ..w };
                     let read = store.series(before, &filters, true, now()).await.unwrap();
                     assert!(!daily.is_empty());
+                    // The same for the forecast's days.
+                    let sorted = |mut d: Vec<gpuledger_ledger::forecast::DayRow>| {
+                        d.sort_by(|a, b| {
+                            (a.day, &a.team, &a.env, &a.cloud, &a.model)
+                                .cmp(&(b.day, &b.team, &b.env, &b.cloud, &b.model))
+                        });
+                        d
+                    };
+                    let days = sorted(store.forecast_days(w, &filters, now()).await.unwrap());
+                    let days_read =
+                        sorted(store.forecast_days(before, &filters, now()).await.unwrap());
                     if daily_too {
                         assert_close_debug(&daily, &read, &format!("daily {w:?} {filters:?}"));
+                        assert_close_debug(&days, &days_read, &format!("days {w:?} {filters:?}"));
                     }
                     got.push((
                         format!("{w:?} {filters:?}"),
