@@ -145,6 +145,11 @@ pub(crate) fn dirty_hour_rows(backend: Backend) -> &'static str {
 /// hour's last minutes arrive after it ends (each would take it off the list again).
 pub const CLEAN_HOUR_GRACE_SECS: i64 = 120;
 
+/// How many hours [`Store::refresh_group_hours`] builds in one writing transaction, oldest
+/// first: at 100,000 GPUs an hour takes about 0.3 s, so a start late in the day does not hold
+/// the writer for all of the day's hours at once.
+pub const CLEAN_HOURS_PER_BUILD: usize = 4;
+
 impl Filters {
     /// The filters' clause on the group `fg` (every key a column of it), numbered from
     /// `first` in the order of [`Filters::clause`], so it can share that clause's binds.
@@ -223,10 +228,11 @@ impl Store {
         Ok(true)
     }
 
-    /// Build the group rows of the finished hours of `now`'s day not listed clean and list
-    /// them (`group_clean_hours`), in one writing transaction; returns how many hours were
-    /// built. An hour is built once it ended [`CLEAN_HOUR_GRACE_SECS`] ago. PostgreSQL only
-    /// (SQLite lists no hour clean, see migration 24): elsewhere nothing is built.
+    /// Build the group rows of the finished hours of `now`'s day not listed clean, the oldest
+    /// [`CLEAN_HOURS_PER_BUILD`] of them, and list them (`group_clean_hours`), in one writing
+    /// transaction; returns how many hours were built (call again until none is). An hour is
+    /// built once it ended [`CLEAN_HOUR_GRACE_SECS`] ago. PostgreSQL only (SQLite lists no
+    /// hour clean, see migration 24): elsewhere nothing is built.
     ///
     /// Like a day's rebuild, it is exact by construction: the writers' lock is held, so every
     /// write before it is seen, and any later write to an hour takes the hour off the list
@@ -245,10 +251,11 @@ impl Store {
             "SELECT s.hr FROM generate_series(CAST($1 AS BIGINT), $2 - 1, CAST(3600 AS BIGINT)) \
              s(hr) WHERE EXISTS (SELECT 1 FROM group_dirty WHERE day = $1) \
              AND NOT EXISTS (SELECT 1 FROM group_clean_hours c WHERE c.hour = s.hr) \
-             ORDER BY s.hr",
+             ORDER BY s.hr LIMIT $3",
         )
         .bind(today)
         .bind(end)
+        .bind(CLEAN_HOURS_PER_BUILD as i64)
         .fetch_all(&mut *tx)
         .await?;
         // Each run of consecutive hours in one statement of each.
