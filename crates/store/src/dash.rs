@@ -108,6 +108,17 @@ fn point(r: &sqlx::any::AnyRow) -> Result<SeriesPoint> {
     })
 }
 
+/// The order the kept allocated-idle shares are held in: by GPU, workload, allocating team
+/// and owner.
+fn idle_share_order(a: &IdleShare, b: &IdleShare) -> std::cmp::Ordering {
+    (a.gpu_id, &a.workload, &a.used_by, &a.owner).cmp(&(
+        b.gpu_id,
+        &b.workload,
+        &b.used_by,
+        &b.owner,
+    ))
+}
+
 /// A series point's columns summed per bucket `t` over the group rows' and the per-GPU rows'
 /// sums (a subquery of columns named as [`point`] reads them).
 const POINT_SUMS: &str = "SELECT t, CAST(SUM(gpus) AS BIGINT) AS gpus, \
@@ -836,14 +847,7 @@ impl Store {
             ),
             &changed,
             &[lo, hi],
-            |a: &IdleShare, b: &IdleShare| {
-                (a.gpu_id, &a.workload, &a.used_by, &a.owner).cmp(&(
-                    b.gpu_id,
-                    &b.workload,
-                    &b.used_by,
-                    &b.owner,
-                ))
-            },
+            idle_share_order,
             |only| async move {
                 match only {
                     None => self.idle_shares_unrolled(lo, hi, all, now).await,
@@ -867,17 +871,7 @@ impl Store {
     /// written since; a removed allocation or day row, a changed owner period or rate reads
     /// the whole answer again (migrations 22 and 23).
     async fn idle_day_shares_kept(&self, day: i64) -> Result<std::sync::Arc<Vec<IdleShare>>> {
-        let changed = format!(
-            "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
-             SELECT i.gpu_id FROM gpu_day_idle i WHERE i.day = $2 AND {} \
-             UNION SELECT d.gpu_id FROM gpu_days d WHERE d.day = $2 AND {} \
-             UNION SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id FROM allocations al {}\
-             WHERE {}) f",
-            crate::live::written_since("i"),
-            crate::live::written_since("d"),
-            crate::query::MIG_PARENTS,
-            crate::live::written_since("al"),
-        );
+        let changed = crate::query::day_table_changed("gpu_day_idle");
         let all = &Filters::default();
         self.live_rows(
             &self.live.idle_today,
@@ -887,14 +881,7 @@ impl Store {
             ),
             &changed,
             &[day],
-            |a: &IdleShare, b: &IdleShare| {
-                (a.gpu_id, &a.workload, &a.used_by, &a.owner).cmp(&(
-                    b.gpu_id,
-                    &b.workload,
-                    &b.used_by,
-                    &b.owner,
-                ))
-            },
+            idle_share_order,
             |only| async move {
                 self.idle_day_shares_of(day, day + DAY_SECS, all, only.as_deref())
                     .await

@@ -2056,16 +2056,7 @@ impl Store {
     /// written since; a removed allocation or row reads the whole answer again (migrations 22
     /// and 23).
     async fn held_day_shares_kept(&self, day: i64) -> Result<Arc<Vec<HeldShare>>> {
-        let changed = format!(
-            "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
-             SELECT u.gpu_id FROM gpu_day_use u WHERE u.day = $2 AND {} \
-             UNION SELECT d.gpu_id FROM gpu_days d WHERE d.day = $2 AND {} \
-             UNION SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id FROM allocations al {MIG_PARENTS}\
-             WHERE {}) f",
-            live::written_since("u"),
-            live::written_since("d"),
-            live::written_since("al"),
-        );
+        let changed = day_table_changed("gpu_day_use");
         self.live_rows(
             &self.live.held_today,
             format!("used-by day rows of {day}"),
@@ -2432,6 +2423,24 @@ pub(crate) fn less_outside<T, K: Eq + std::hash::Hash>(
     }
     out.retain_mut(|s| *hours(s) > 1e-9);
     out
+}
+
+/// What changed since a kept answer of a day table split from the allocations (`table`:
+/// `gpu_day_use` or `gpu_day_idle`) for day `$2` was read, as `crate::live` asks it: the GPUs
+/// whose rows of the table or day row of that day were written since the watermark `$1` (a
+/// re-roll deletes a GPU-day's rows and writes them anew), and those with an allocation (on
+/// them or their MIG instances) written since.
+pub(crate) fn day_table_changed(table: &str) -> String {
+    format!(
+        "SELECT string_agg(CAST(gpu_id AS TEXT), ',') FROM (\
+         SELECT t.gpu_id FROM {table} t WHERE t.day = $2 AND {} \
+         UNION SELECT d.gpu_id FROM gpu_days d WHERE d.day = $2 AND {} \
+         UNION SELECT COALESCE(m.parent, al.gpu_id) AS gpu_id FROM allocations al {MIG_PARENTS}\
+         WHERE {}) f",
+        live::written_since("t"),
+        live::written_since("d"),
+        live::written_since("al"),
+    )
 }
 
 impl live::LiveRow for HeldShare {
