@@ -859,14 +859,23 @@ async fn time_pages_at(
             ("api summary", "/api/v1/summary".to_string()),
             ("api summary csv", "/api/v1/summary?format=csv".to_string()),
             ("api gpus", "/api/v1/gpus".to_string()),
+            (
+                "api gpus page",
+                "/api/v1/gpus?limit=1000&offset=1000".to_string(),
+            ),
             ("api used-by", "/api/v1/used-by".to_string()),
             ("api savings", "/api/v1/savings".to_string()),
+            (
+                "api savings page",
+                "/api/v1/savings?limit=100&offset=100".to_string(),
+            ),
             ("api forecast", "/api/v1/forecast".to_string()),
         ] {
             // One GPU, the sources and a team's page take no team filter; the GPU list and the
             // forecast (always of the current month) take no range.
             if (q.starts_with("team") && matches!(name, "gpu" | "sources" | "team"))
-                || (q.starts_with("range") && matches!(name, "api gpus" | "api forecast"))
+                || (q.starts_with("range") && name.starts_with("api gpus"))
+                || (q.starts_with("range") && name == "api forecast")
             {
                 continue;
             }

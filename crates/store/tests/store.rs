@@ -994,12 +994,41 @@ async fn gpus_list_filters_and_detail(store: Store) {
         .await
         .unwrap();
     assert_eq!(with_mig.len(), 4);
+    // Read a page at a time, the list is the same, in the same order, and each page says how
+    // many there are in all.
+    for size in 1..=5 {
+        let mut paged = Vec::new();
+        loop {
+            let from = paged.len();
+            let (total, page) = store
+                .list_gpus_page(
+                    &Filters::default(),
+                    true,
+                    |n| from.min(n)..(from + size).min(n),
+                    now(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(total, 4);
+            if page.is_empty() {
+                break;
+            }
+            paged.extend(page);
+        }
+        assert_eq!(paged, with_mig, "pages of {size}");
+    }
     let f = Filters {
         team: vec!["vision".into()],
         ..Default::default()
     };
     let v = store.list_gpus(&f, false, now()).await.unwrap();
     assert_eq!(v.iter().map(|g| &*g.uuid).collect::<Vec<_>>(), [B]);
+    // A page of a filtered list counts the filtered list.
+    let (total, page) = store
+        .list_gpus_page(&f, false, |n| n..n, now())
+        .await
+        .unwrap();
+    assert_eq!((total, page.len()), (1, 0));
     let f = Filters {
         model: vec!["Mystery GPU".into()],
         env: vec!["unknown".into()],
@@ -3248,6 +3277,16 @@ async fn assert_kept_lists_match(store: &Store, now: DateTime<Utc>, at: &str) {
             let read = fresh.list_gpus(&filters, mig, now).await.unwrap();
             assert!(!read.is_empty() || !filters.is_empty(), "{at}: no GPUs");
             assert_eq!(kept, read, "{at}: GPU list, MIG {mig}, {filters:?}");
+            let (total, page) = store
+                .list_gpus_page(&filters, mig, |n| n / 3..n / 2, now)
+                .await
+                .unwrap();
+            assert_eq!(total, read.len(), "{at}: GPUs listed in pages");
+            assert_eq!(
+                page,
+                read[total / 3..total / 2],
+                "{at}: a page of the GPU list, MIG {mig}, {filters:?}"
+            );
         }
         let kept = store.list_gpus_brief(&filters, now).await.unwrap();
         let read = fresh.list_gpus_brief(&filters, now).await.unwrap();

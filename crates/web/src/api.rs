@@ -94,9 +94,10 @@ pub async fn gpus(
     if let Err(e) = scope.apply(&mut p) {
         return forbidden(e);
     }
-    let list = match state
+    let paging = p.paging;
+    let (count, list) = match state
         .store
-        .list_gpus(&p.filters, p.include_mig, state.now())
+        .list_gpus_page(&p.filters, p.include_mig, |n| paging.range(n), state.now())
         .await
     {
         Ok(l) => l,
@@ -114,10 +115,14 @@ pub async fn gpus(
     #[derive(serde::Serialize)]
     struct Listed<'a> {
         count: usize,
+        offset: usize,
+        next_offset: Option<usize>,
         items: &'a [gpuledger_model::GpuView],
     }
     Json(Listed {
-        count: list.len(),
+        count,
+        offset: paging.offset,
+        next_offset: paging.next_offset(count),
         items: &list,
     })
     .into_response()

@@ -86,7 +86,7 @@ pub const GPUS: Operation = Operation {
     method: "get",
     path: "/api/v1/gpus",
     filters: true,
-    params: &["format", "include_mig"],
+    params: &["format", "include_mig", "limit", "offset"],
     statuses: READ,
     auth: Auth::Read,
 };
@@ -127,7 +127,7 @@ pub const SAVINGS: Operation = Operation {
     method: "get",
     path: "/api/v1/savings",
     filters: true,
-    params: &["from", "to", "range", "idle_days"],
+    params: &["from", "to", "range", "idle_days", "limit", "offset"],
     statuses: READ,
     auth: Auth::Read,
 };

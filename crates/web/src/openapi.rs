@@ -203,6 +203,20 @@ mod tests {
                 (s(&[example]), s(&["", &format!("{example}*")]))
             }
             "array" => (s(&["anything", "a,b", ""]), vec![]),
+            "integer" => {
+                let bound = |k: &str| schema[k].as_i64().unwrap();
+                let (min, max) = (bound("minimum"), bound("maximum"));
+                (
+                    vec![min.to_string(), max.to_string()],
+                    vec![
+                        (min - 1).to_string(),
+                        (max + 1).to_string(),
+                        "1.5".into(),
+                        "x".into(),
+                        String::new(),
+                    ],
+                )
+            }
             other => panic!("no probes for a {other} parameter: {schema}"),
         }
     }

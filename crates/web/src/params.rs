@@ -140,6 +140,8 @@ pub struct Params {
     pub group_by: Option<GroupBy>,
     pub csv: bool,
     pub include_mig: bool,
+    /// `limit` and `offset`: one page of a list ([`Paging`]).
+    pub paging: Paging,
     /// `range=7d` (1 to 730 days): the window's length when `from` is not given.
     pub range_days: Option<i64>,
     /// Page-specific parameters (sorting, paging, the table to export) by name.
@@ -158,6 +160,49 @@ pub const SOURCE_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
 #[cfg(test)]
 pub const RANGE_PATTERN: &str = "^([1-9]|[1-9][0-9]|[1-6][0-9][0-9]|7[0-2][0-9]|730)d$";
 pub const MAX_RANGE_DAYS: i64 = 730;
+
+/// The most items one page of a list may ask for (`limit`).
+pub const MAX_LIMIT: usize = 10_000;
+/// The furthest a page may start (`offset`): a bound for the document, far past any list.
+pub const MAX_OFFSET: usize = 1_000_000_000;
+
+/// One page of a list (`GET /api/v1/gpus`, `GET /api/v1/savings`): `limit` items from the
+/// `offset`-th, in the list's own order; the whole list when `limit` is not given. The answer
+/// says how many there are in all (`count`) and where the next page starts (`next_offset`,
+/// `null` on the last), so a client reads a list of 100,000 GPUs a page at a time instead of
+/// in one answer of 100 MB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Paging {
+    pub offset: usize,
+    pub limit: Option<usize>,
+}
+
+impl Paging {
+    /// The indexes of this page in a list of `total` items (empty past its end).
+    pub fn range(&self, total: usize) -> std::ops::Range<usize> {
+        let start = self.offset.min(total);
+        let end = self
+            .limit
+            .map_or(total, |l| start.saturating_add(l).min(total));
+        start..end
+    }
+
+    /// Where the page after this one starts, or `None` when this one reaches the end.
+    pub fn next_offset(&self, total: usize) -> Option<usize> {
+        let end = self.range(total).end;
+        (end < total).then_some(end)
+    }
+}
+
+/// A whole number written as digits alone (no sign, no leading zero but `0` itself) within
+/// `bounds`: how `limit` and `offset` are read.
+fn parse_count(v: &str, bounds: std::ops::RangeInclusive<usize>) -> Option<usize> {
+    if v.is_empty() || (v.len() > 1 && v.starts_with('0')) || !v.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    v.parse::<usize>().ok().filter(|n| bounds.contains(n))
+}
 
 /// How an empty value reads. On a page an empty form field (an unset date in the filter bar)
 /// is not given; the API refuses it like any other malformed value, as its document says.
@@ -253,6 +298,16 @@ impl Params {
                     "false" => false,
                     _ => return Err(format!("include_mig: must be `true` or `false`, got `{e}`")),
                 }
+            }
+            "limit" => {
+                self.paging.limit = Some(parse_count(v, 1..=MAX_LIMIT).ok_or_else(|| {
+                    format!("limit: must be a whole number from 1 to {MAX_LIMIT}, got `{e}`")
+                })?)
+            }
+            "offset" => {
+                self.paging.offset = parse_count(v, 0..=MAX_OFFSET).ok_or_else(|| {
+                    format!("offset: must be a whole number from 0 to {MAX_OFFSET}, got `{e}`")
+                })?
             }
             "source" => {
                 let ok = (1..=128).contains(&v.chars().count())
@@ -356,6 +411,55 @@ mod tests {
         assert_eq!(p.filters.team, ["a", "b", "c"]);
         assert_eq!(p.filters.model, ["NVIDIA L4"]);
         assert!(p.csv);
+    }
+
+    #[test]
+    fn limit_and_offset_page_a_list() {
+        let p = Params::parse(Some("limit=2&offset=3"), &["limit", "offset"]).unwrap();
+        let page = p.paging;
+        assert_eq!((page.offset, page.limit), (3, Some(2)));
+        assert_eq!(page.range(10), 3..5);
+        assert_eq!(page.next_offset(10), Some(5));
+        // The last page, a short one, and one past the end.
+        assert_eq!(page.range(5), 3..5);
+        assert_eq!(page.next_offset(5), None);
+        assert_eq!(page.range(4), 3..4);
+        assert_eq!(page.next_offset(4), None);
+        assert_eq!(page.range(2), 2..2);
+        assert_eq!(page.next_offset(2), None);
+        // No limit: everything from the offset.
+        let all = Paging::default();
+        assert_eq!(all.range(7), 0..7);
+        assert_eq!(all.next_offset(7), None);
+        let far = Paging {
+            offset: MAX_OFFSET,
+            limit: Some(MAX_LIMIT),
+        };
+        assert_eq!(far.range(usize::MAX), MAX_OFFSET..MAX_OFFSET + MAX_LIMIT);
+        for (q, refusal) in [
+            (
+                "limit=0",
+                "limit: must be a whole number from 1 to 10000, got `0`",
+            ),
+            ("limit=10001", "limit: must be"),
+            ("limit=-1", "limit: must be"),
+            ("limit=+5", "limit: must be"),
+            ("limit=05", "limit: must be"),
+            ("limit=1.5", "limit: must be"),
+            (
+                "offset=-1",
+                "offset: must be a whole number from 0 to 1000000000, got `-1`",
+            ),
+            ("offset=1000000001", "offset: must be"),
+            ("offset=99999999999999999999999", "offset: must be"),
+        ] {
+            let e = Params::parse(Some(q), &["limit", "offset"]).unwrap_err();
+            assert!(e.starts_with(refusal), "{q}: {e}");
+        }
+        assert_eq!(
+            Params::parse(Some("offset=0"), &["offset"]).unwrap().paging,
+            Paging::default()
+        );
     }
 
     #[test]

@@ -179,7 +179,42 @@ async fn waste_page_shows_the_first_rows_and_the_csv_has_them_all() {
     let savings = app.get_json("/api/v1/savings?range=7d").await;
     assert_eq!(savings["usd_per_month"], 33215.0);
     assert_eq!(savings["count"], n);
+    assert_eq!(savings["next_offset"], Value::Null);
     assert!(page.contains(r#"id="waste-total">$33,215<"#), "{page}");
+    // The lists a page at a time: the same items in the same order, the count and the total
+    // of the whole list on every page, and where the next page starts.
+    for list in ["/api/v1/savings?range=7d", "/api/v1/gpus?team=vision"] {
+        let whole = app.get_json(list).await;
+        assert_eq!(whole["items"].as_array().unwrap().len(), n, "{list}");
+        let mut items = Vec::new();
+        let mut offset = Some(0);
+        while let Some(at) = offset {
+            let page = app.get_json(&format!("{list}&limit=50&offset={at}")).await;
+            assert_eq!(page["count"], n, "{list}");
+            assert_eq!(page["offset"], at, "{list}");
+            assert_eq!(page["usd_per_month"], whole["usd_per_month"], "{list}");
+            let got = page["items"].as_array().unwrap();
+            assert_eq!(got.len(), 50.min(n - at as usize), "{list} at {at}");
+            items.extend(got.iter().cloned());
+            offset = page["next_offset"].as_u64();
+        }
+        assert_eq!(Value::Array(items), whole["items"], "{list}");
+        let past = app.get_json(&format!("{list}&offset=1000")).await;
+        assert_eq!(past["items"], json!([]));
+        assert_eq!(
+            (&past["count"], &past["next_offset"]),
+            (&json!(n), &Value::Null)
+        );
+        let (status, body) = app.get(&format!("{list}&limit=0")).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body.contains("limit: must be a whole number from 1 to 10000"),
+            "{body}"
+        );
+    }
+    let (status, csv) = app.get("/api/v1/gpus?format=csv&limit=20&offset=120").await;
+    assert_eq!(status, 200);
+    assert_eq!(csv.lines().count(), 1 + 10, "{csv}");
 }
 
 #[tokio::test]

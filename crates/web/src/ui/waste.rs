@@ -45,7 +45,7 @@ pub async fn savings_api(
     page: Result<Page<WasteParams>, PageError>,
 ) -> Response {
     match load(&state, page, false).await {
-        Ok((_, found, idle_days)) => {
+        Ok((page, found, idle_days)) => {
             let items: Vec<Finding> = found
                 .all
                 .into_iter()
@@ -54,19 +54,28 @@ pub async fn savings_api(
                     x
                 })
                 .collect();
+            // The total and the count are of every finding; `limit` and `offset` page the
+            // items alone.
+            let paging = page.p.paging;
+            let count = items.len();
+            let usd_per_month = total_per_month(&items);
             // Serialized straight from the findings, not through a `serde_json::Value`.
             #[derive(serde::Serialize)]
-            struct Savings {
+            struct Savings<'a> {
                 count: usize,
+                offset: usize,
+                next_offset: Option<usize>,
                 idle_days: i64,
-                items: Vec<Finding>,
+                items: &'a [Finding],
                 usd_per_month: f64,
             }
             axum::Json(Savings {
-                count: items.len(),
+                count,
+                offset: paging.offset,
+                next_offset: paging.next_offset(count),
                 idle_days,
-                usd_per_month: total_per_month(&items),
-                items,
+                usd_per_month,
+                items: &items[paging.range(count)],
             })
             .into_response()
         }
