@@ -99,6 +99,32 @@ pub struct Store {
     gpu_rewrites: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// How many rewrites of GPU rows call for vacuuming `gpus` ([`ingest::VACUUM_GPUS_AFTER`]).
     vacuum_gpus_after: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// When pushes analyze the tables they grow (PostgreSQL; `ingest.rs`).
+    upkeep: std::sync::Arc<Upkeep>,
+}
+
+/// The counts behind analyzing the tables pushes grow (`Store::note_new_samples`).
+#[derive(Debug)]
+struct Upkeep {
+    /// Samples stored since the last analysis was started.
+    new_samples: std::sync::atomic::AtomicU64,
+    /// Samples stored before it, since the server started.
+    analyzed_samples: std::sync::atomic::AtomicU64,
+    /// The least number of new samples that calls for one ([`ingest::ANALYZE_AFTER_SAMPLES`]).
+    analyze_after: std::sync::atomic::AtomicU64,
+    /// One is running.
+    analyzing: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Upkeep {
+    fn default() -> Self {
+        Upkeep {
+            new_samples: Default::default(),
+            analyzed_samples: Default::default(),
+            analyze_after: ingest::ANALYZE_AFTER_SAMPLES.into(),
+            analyzing: Default::default(),
+        }
+    }
 }
 
 /// The end of an open owner period (year 10000), so periods join on a plain range.
@@ -606,6 +632,7 @@ impl Store {
             live: Default::default(),
             gpu_rewrites: Default::default(),
             vacuum_gpus_after: std::sync::Arc::new(ingest::VACUUM_GPUS_AFTER.into()),
+            upkeep: Default::default(),
         };
         store.migrate().await?;
         store

@@ -174,14 +174,18 @@ macro_rules! allocated_rows {
 /// from the allocations overlapping the range (`a`, [`allocations_over!`]): each reads its own
 /// hours by key. [`ALLOCATED`] asks every hour for its allocations, and reads all earlier
 /// allocations of the GPU to answer, so a GPU's re-roll grew with its history. Both are
-/// materialized (see [`allocations_over!`]).
+/// materialized (see [`allocations_over!`]). The hours read are those of `IDS` by their key
+/// too: on a PostgreSQL partition without statistics yet (a bulk load, a new week), the
+/// planner read every GPU's hours of the range by the index by hour and sorted them to join
+/// them with the allocations, 2.2 s a statement at 100,000 GPUs where the GPUs' own took 40 ms.
 macro_rules! allocated_hours {
     () => {
         concat!(
             "WITH ",
             allocations_over!("IDS", "$1", "$2"),
             ", s AS MATERIALIZED (SELECT h.gpu_id AS gid, h.hour AS hr \
-             FROM a CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.hour >= $1 AND h.hour < $2 \
+             FROM a CROSS JOIN gpu_hours h WHERE h.gpu_id = a.gid AND h.gpu_id IN (IDS) \
+             AND h.hour >= $1 AND h.hour < $2 \
              AND h.hour > a.start_ts - 3600 AND (a.end_ts IS NULL OR h.hour < a.end_ts))"
         )
     };

@@ -5973,3 +5973,68 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
     stats.close().await;
     Store::drop_schema(&url, &schema).await.unwrap();
 }
+
+/// On PostgreSQL, pushes that stored enough samples analyze the tables pushes grow in the
+/// background, so that a bulk load is planned from statistics before autovacuum or the hourly
+/// maintenance comes; pushes short of the threshold do not.
+#[tokio::test]
+async fn pushes_analyze_the_tables_they_grow_on_postgres() {
+    let name = "analyze_pushed";
+    let Some(url) = pg_url(name) else {
+        return;
+    };
+    let schema = format!("t_{name}_{}", std::process::id());
+    Store::drop_schema(&url, &schema).await.unwrap();
+    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
+        .await
+        .unwrap();
+    let stats = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    // Manual analyzes of the allocations and the day rows (autovacuum's count apart).
+    let analyzed = || async {
+        sqlx::query_as::<_, (i64,)>(
+            "SELECT CAST(MIN(analyze_count) AS BIGINT) FROM pg_stat_user_tables \
+             WHERE schemaname = $1 AND relname IN ('allocations', 'gpu_days')",
+        )
+        .bind(schema.clone())
+        .fetch_one(&stats)
+        .await
+        .unwrap()
+        .0
+    };
+    let body = |minutes: std::ops::Range<u32>| {
+        let samples: Vec<String> = minutes
+            .map(|m| {
+                format!(
+                    r#"{{"gpu_uuid": "{A}", "ts": "2026-12-02T11:{m:02}:00Z", "util_pct": 50}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"gpus": [{{"uuid": "{A}", "model": "NVIDIA H100 80GB HBM3", "host": "n1",
+                 "labels": {{"team": "nlp"}}, "observed_at": "2026-12-02T11:00:00Z"}}],
+               "samples": [{}]}}"#,
+            samples.join(",")
+        )
+    };
+    store.set_analyze_after(10);
+    push(&store, &who("rack", None), &body(0..6)).await;
+    // Samples already stored are not new.
+    push(&store, &who("rack", None), &body(0..6)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(analyzed().await, 0, "analyzed before the threshold");
+    push(&store, &who("rack", None), &body(6..10)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while analyzed().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not analyzed 20 s after the threshold"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stats.close().await;
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
