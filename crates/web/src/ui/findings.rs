@@ -26,6 +26,8 @@ pub struct Findings {
     pub all: Vec<Finding>,
     /// `ledger::waste::total_per_month` of every finding, written or not.
     pub total_per_month: f64,
+    /// How many findings there are, written or not.
+    pub count: usize,
 }
 
 /// `$1,235`, or `unknown` where a finding cannot be priced (no rate).
@@ -440,6 +442,7 @@ pub fn findings(
         all.push(Ranked::Other(x));
     }
     let total_per_month = total_per_month_of(all.iter().map(|r| r.rank_key().1));
+    let count = all.len();
     let mut all: Vec<Finding> = match top {
         Some(n) => {
             let first = first_ranked(&all, n, |a, b| {
@@ -470,5 +473,6 @@ pub fn findings(
         billed_unseen,
         all,
         total_per_month,
+        count,
     }
 }

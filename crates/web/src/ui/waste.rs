@@ -6,7 +6,7 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use gpuledger_ledger::summary::round;
-use gpuledger_ledger::waste::{total_per_month, Finding};
+use gpuledger_ledger::waste::Finding;
 
 use super::findings::{findings, findings_reads, Findings, Listing};
 use super::{respond, usd0, Frame, Page, PageError, Table, Takes};
@@ -46,36 +46,35 @@ pub async fn savings_api(
 ) -> Response {
     match load(&state, page, false).await {
         Ok((page, found, idle_days)) => {
+            // Only the findings up to the page's end were written (`load`); the count and the
+            // total are of every finding, the Waste page's total.
+            let paging = page.p.paging;
             let items: Vec<Finding> = found
                 .all
                 .into_iter()
+                .skip(paging.offset)
                 .map(|mut x| {
                     x.usd_per_month = x.usd_per_month.map(|m| round(m, 2));
                     x
                 })
                 .collect();
-            // The total and the count are of every finding; `limit` and `offset` page the
-            // items alone.
-            let paging = page.p.paging;
-            let count = items.len();
-            let usd_per_month = total_per_month(&items);
             // Serialized straight from the findings, not through a `serde_json::Value`.
             #[derive(serde::Serialize)]
-            struct Savings<'a> {
+            struct Savings {
                 count: usize,
                 offset: usize,
                 next_offset: Option<usize>,
                 idle_days: i64,
-                items: &'a [Finding],
+                items: Vec<Finding>,
                 usd_per_month: f64,
             }
             axum::Json(Savings {
-                count,
+                count: found.count,
                 offset: paging.offset,
-                next_offset: paging.next_offset(count),
+                next_offset: paging.next_offset(found.count),
                 idle_days,
-                usd_per_month,
-                items: &items[paging.range(count)],
+                usd_per_month: found.total_per_month,
+                items,
             })
             .into_response()
         }
@@ -115,8 +114,13 @@ async fn load(
             idle_days,
             tables,
             // The page shows its tables and the total, never the ranked list; the API lists
-            // every finding.
-            top: tables.then_some(0),
+            // every finding, or those up to the end of the page it asks for (`limit`).
+            top: if tables {
+                Some(0)
+            } else {
+                let paging = page.p.paging;
+                paging.limit.map(|l| paging.offset.saturating_add(l))
+            },
             rows: (tables && !page.p.extra.contains_key("csv")).then_some(ROWS_SHOWN),
         },
         &gpus,
