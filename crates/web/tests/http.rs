@@ -215,6 +215,19 @@ async fn waste_page_shows_the_first_rows_and_the_csv_has_them_all() {
     let (status, csv) = app.get("/api/v1/gpus?format=csv&limit=20&offset=120").await;
     assert_eq!(status, 200);
     assert_eq!(csv.lines().count(), 1 + 10, "{csv}");
+    // The team's page lists its first hundred GPUs by host, and its CSV all of them.
+    let (status, page) = app.get("/teams/vision?range=7d").await;
+    assert_eq!(status, 200);
+    let table = &page[page.find(r#"<table id="team-gpus""#).unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(table.matches("<tr").count() - 1, 100, "{table}");
+    assert!(
+        page.contains(r#"id="team-gpus-more">The first 100 rows, by host; 30 more"#),
+        "{page}"
+    );
+    let (status, csv) = app.get("/teams/vision?range=7d&csv=team-gpus").await;
+    assert_eq!(status, 200);
+    assert_eq!(csv.lines().count(), 1 + n, "{csv}");
 }
 
 #[tokio::test]

@@ -185,6 +185,8 @@ pub struct Table {
     pub child: Vec<bool>,
     /// Rows left out of the page after the first ones (the CSV of the table has them all).
     pub hidden: usize,
+    /// The order the rows shown are the first of, as the note on [`Table::hidden`] says it.
+    pub order: &'static str,
 }
 
 impl Table {
@@ -197,6 +199,7 @@ impl Table {
             empty: "nothing in this range and filter".into(),
             child: Vec::new(),
             hidden: 0,
+            order: "largest first",
         }
     }
 

@@ -243,7 +243,16 @@ pub async fn team_page(
             ncol("Cost", "Present hours × rate in the range."),
         ],
     );
-    for g in &gpus {
+    // The first rows only, as on the Waste page: the largest team of a 100,000-GPU fleet has
+    // tens of thousands of GPUs, megabytes of HTML. The table's CSV has them all.
+    let shown = if p.extra.contains_key("csv") {
+        gpus.len()
+    } else {
+        super::waste::ROWS_SHOWN
+    };
+    table.hidden = gpus.len().saturating_sub(shown);
+    table.order = "by host";
+    for g in gpus.iter().take(shown) {
         let w = by_uuid.get(&*g.uuid);
         let a = w.and_then(|w| w.avg_activity_pct());
         let c = w.and_then(|w| w.cost_usd());
