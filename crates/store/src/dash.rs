@@ -305,10 +305,7 @@ impl Store {
             if daily {
                 series.extend(gpuledger_ledger::summary::day_point(ts(start), &today));
             }
-            days.extend(gpuledger_ledger::forecast::day_rows(
-                ts(start).date_naive(),
-                &today,
-            ));
+            days.extend(crate::forecast::todays_day_rows(now, &today));
         }
         let forecast =
             gpuledger_ledger::forecast::forecasts(&days, gpuledger_ledger::GroupBy::Team, now).1;
