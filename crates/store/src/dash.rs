@@ -775,11 +775,20 @@ impl Store {
                 || self.idle_day_shares(day_lo, today, filters),
             )
             .await?;
-        // The kept shares are folded where they are, never copied.
+        // The kept shares are folded where they are, never copied. The whole fleet's kept
+        // shares of today serve a team filter too: it selects the shares' owner at the hour,
+        // which they carry (`owned`), as the SQL's `o.team IN (...)` does.
+        let from_kept = self.keeps_live()
+            && Filters {
+                team: Vec::new(),
+                ..filters.clone()
+            }
+            .is_empty();
+        let owned = |s: &&IdleShare| filters.team.is_empty() || filters.team.contains(&s.owner);
         let mut live: Vec<IdleShare> = Vec::new();
         let mut today_kept = None;
         if today < day_hi {
-            if filters.is_empty() && self.keeps_live() && day_hi - today == DAY_SECS {
+            if from_kept && day_hi - today == DAY_SECS {
                 today_kept = Some(self.idle_day_shares_kept(today).await?);
             } else {
                 live.extend(self.idle_day_shares(today, day_hi, filters).await?);
@@ -793,7 +802,7 @@ impl Store {
             (false, first, e1, (day_lo, e1.0)),
             (true, last, e2, (e2.1, day_hi)),
         ] {
-            if by_day && last_edge && ends_now && filters.is_empty() && self.keeps_live() {
+            if by_day && last_edge && ends_now && from_kept {
                 // The hours ahead of the clock, the same for every window ending now.
                 ahead = Some(self.idle_shares_kept(o_lo, o_hi, now).await?);
             } else if by_day {
@@ -804,8 +813,10 @@ impl Store {
         }
         let ahead = ahead.unwrap_or_default();
         Ok(gpuledger_ledger::waste::idle_workloads_less(
-            kept.iter().chain(today_kept.iter()).chain(&live),
-            outside.iter().chain(ahead.iter()),
+            kept.iter()
+                .chain(today_kept.iter().filter(owned))
+                .chain(&live),
+            outside.iter().chain(ahead.iter().filter(owned)),
         ))
     }
 

@@ -3645,15 +3645,20 @@ async fn postgres_kept_shares_ahead_follow_allocations() {
                     .unwrap();
                 assert!(!read.is_empty(), "{at}: no used-by");
                 assert_eq!(kept, read, "{at}: used-by");
-                let kept = store
-                    .idle_workloads(w, &Filters::default(), clock)
-                    .await
-                    .unwrap();
-                let read = fresh
-                    .idle_workloads(w, &Filters::default(), clock)
-                    .await
-                    .unwrap();
-                assert_eq!(kept, read, "{at}: allocated-idle workloads");
+                // A team filter is taken from the whole fleet's kept shares too.
+                for team in ["", "nlp", "infra", "vision"] {
+                    let filters = Filters {
+                        team: [team]
+                            .iter()
+                            .filter(|t| !t.is_empty())
+                            .map(|t| t.to_string())
+                            .collect(),
+                        ..Default::default()
+                    };
+                    let kept = store.idle_workloads(w, &filters, clock).await.unwrap();
+                    let read = fresh.idle_workloads(w, &filters, clock).await.unwrap();
+                    assert_eq!(kept, read, "{at}: allocated-idle workloads {filters:?}");
+                }
             }
         }
     };
