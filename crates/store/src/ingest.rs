@@ -83,6 +83,30 @@ impl IngestOutcome {
 const ANALYZE_PUSHED: &str = "ANALYZE gpu_hours, samples, allocations, gpu_days, gpu_day_use, \
      gpu_day_idle, gpu_owners";
 
+/// Run the upkeep statement `sql` (a vacuum or an analysis pushes call for) in the
+/// background, logging how long it took (`what` it does, and the `count` of rewritten rows or
+/// new samples behind it), then `done`, whether it failed or not; the next pushes retry.
+fn upkeep_in_background(
+    pool: sqlx::AnyPool,
+    sql: &'static str,
+    what: &'static str,
+    count: u64,
+    done: impl FnOnce() + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        match sqlx::query(sql).execute(&pool).await {
+            Ok(_) => tracing::debug!(
+                count,
+                secs = started.elapsed().as_secs_f64(),
+                "{what}: done"
+            ),
+            Err(e) => tracing::warn!(error = %e, "{what} failed; the next pushes retry"),
+        }
+        done();
+    });
+}
+
 /// GPU rows rewritten by pushes after which `gpus` is vacuumed and analyzed on PostgreSQL
 /// (about five minutes of a 10,000-GPU fleet pushing every minute).
 pub(crate) const VACUUM_GPUS_AFTER: u64 = 50_000;
@@ -320,21 +344,14 @@ impl Store {
         }
         up.new_samples.fetch_sub(since, Ordering::Relaxed);
         up.analyzed_samples.fetch_add(since, Ordering::Relaxed);
-        let (pool, up) = (self.pool.clone(), self.upkeep.clone());
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            match sqlx::query(ANALYZE_PUSHED).execute(&pool).await {
-                Ok(_) => tracing::debug!(
-                    samples = since,
-                    secs = started.elapsed().as_secs_f64(),
-                    "analyzed the tables pushes grow"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "analyzing the tables pushes grow failed")
-                }
-            }
-            up.analyzing.store(false, Ordering::Release);
-        });
+        let up = self.upkeep.clone();
+        upkeep_in_background(
+            self.pool.clone(),
+            ANALYZE_PUSHED,
+            "analyzing the tables pushes grow",
+            since,
+            move || up.analyzing.store(false, Ordering::Release),
+        );
     }
 
     /// Vacuum `gpus` after `rewrites` rewrites of its rows instead of [`VACUUM_GPUS_AFTER`]
@@ -365,20 +382,13 @@ impl Store {
             return;
         }
         self.gpu_rewrites.store(0, Ordering::Relaxed);
-        let pool = self.pool.clone();
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            match sqlx::query("VACUUM (ANALYZE) gpus").execute(&pool).await {
-                Ok(_) => tracing::debug!(
-                    rewrites = total,
-                    secs = started.elapsed().as_secs_f64(),
-                    "vacuumed and analyzed gpus"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "vacuuming gpus failed; the next pushes retry")
-                }
-            }
-        });
+        upkeep_in_background(
+            self.pool.clone(),
+            "VACUUM (ANALYZE) gpus",
+            "vacuuming and analyzing gpus",
+            total,
+            || {},
+        );
     }
 
     /// The body's GPU records: scope checks, merge, placement (a new GPU may take over a

@@ -5984,20 +5984,11 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
 /// maintenance comes; pushes short of the threshold do not.
 #[tokio::test]
 async fn pushes_analyze_the_tables_they_grow_on_postgres() {
-    let name = "analyze_pushed";
-    let Some(url) = pg_url(name) else {
+    let Some((store, stats, url, schema)) =
+        postgres_schema("pushes_analyze_the_tables_they_grow", "t_analyze_pushed").await
+    else {
         return;
     };
-    let schema = format!("t_{name}_{}", std::process::id());
-    Store::drop_schema(&url, &schema).await.unwrap();
-    let store = Store::open_in_schema(&url, Some(&schema), Settings::default())
-        .await
-        .unwrap();
-    let stats = sqlx::any::AnyPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .unwrap();
     // Manual analyzes of the allocations and the day rows (autovacuum's count apart).
     let analyzed = || async {
         sqlx::query_as::<_, (i64,)>(
