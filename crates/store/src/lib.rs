@@ -251,6 +251,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "group_clean_hours",
         include_str!("../migrations/sqlite/0024_group_clean_hours.sql"),
     ),
+    (
+        25,
+        "time_statistics",
+        include_str!("../migrations/sqlite/0025_time_statistics.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -372,6 +377,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         24,
         "group_clean_hours",
         include_str!("../migrations/postgres/0024_group_clean_hours.sql"),
+    ),
+    (
+        25,
+        "time_statistics",
+        include_str!("../migrations/postgres/0025_time_statistics.sql"),
     ),
 ];
 

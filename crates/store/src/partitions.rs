@@ -23,6 +23,12 @@ const HOURS: Partitioned = Partitioned {
     width: 7 * gpuledger_model::DAY_SECS,
 };
 
+/// The statistics target of a partition's time column, as migration 25 sets on the tables:
+/// the smallest and largest value as a histogram, so the planner looks up the real largest
+/// value past the last analysis instead of taking a new hour for one row (a partition made
+/// with `LIKE` gets the default target, not its table's).
+const TIME_STATISTICS: i32 = 1;
+
 /// Partitions made ahead of the clock, so the next days' samples never land in the default
 /// (the server makes them hourly).
 const AHEAD_SECS: i64 = 2 * gpuledger_model::DAY_SECS;
@@ -76,6 +82,9 @@ impl Store {
                 if exists.is_none() {
                     for sql in [
                         format!("CREATE TABLE {name} (LIKE {t} INCLUDING DEFAULTS)"),
+                        format!(
+                            "ALTER TABLE {name} ALTER COLUMN {c} SET STATISTICS {TIME_STATISTICS}"
+                        ),
                         format!(
                             "WITH moved AS (DELETE FROM {t}_default WHERE {c} >= {start} \
                              AND {c} < {end} RETURNING *) INSERT INTO {name} SELECT * FROM moved"

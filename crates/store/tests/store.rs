@@ -6034,3 +6034,79 @@ async fn pushes_analyze_the_tables_they_grow_on_postgres() {
     stats.close().await;
     Store::drop_schema(&url, &schema).await.unwrap();
 }
+
+/// Hours and days past the planner's last analysis are counted from the index, not taken for
+/// one row: a week's partition (made by the server, after the migrations) analyzed with 20
+/// distinct hours, and `gpu_days` with 20 distinct days, then given one more of each; the
+/// planner's estimate for the new one must be near the 300 rows it holds. With the default
+/// statistics target the 20 values are kept as a list and the new one is estimated at 1 row,
+/// and the re-rolls of a push then read every GPU's rows of the hour by the index by time.
+#[tokio::test]
+async fn the_planner_counts_hours_and_days_past_its_analysis_on_postgres() {
+    use sqlx::Executor;
+    let Some((store, pool, url, schema)) = postgres_schema(
+        "the_planner_counts_hours_and_days_past_its_analysis",
+        "t_time_stats",
+    )
+    .await
+    else {
+        return;
+    };
+    // A week's partition made as the server makes them, whole ahead of the clock.
+    let week = 7 * 86_400;
+    let clock = t("2027-03-03T12:00:00Z").timestamp();
+    assert!(store.ensure_partitions(clock).await.unwrap() > 0);
+    let monday = clock.div_euclid(week) * week + 86_400;
+    let estimate = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            // The top line: `Append  (cost=0.00..1.00 rows=1 width=8)`.
+            let (plan,): (String,) = sqlx::query_as(&format!("EXPLAIN {sql}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            let rows = plan
+                .split(" rows=")
+                .nth(1)
+                .and_then(|r| r.split(' ').next());
+            rows.and_then(|r| r.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no row estimate in {plan:?}"))
+        }
+    };
+    let hours = |from: i64, n: i64| {
+        format!(
+            "INSERT INTO gpu_hours (gpu_id, hour) SELECT g, h FROM generate_series(1, 300) g, \
+             generate_series({from}, {}, 3600) h",
+            from + (n - 1) * 3600
+        )
+    };
+    let days = |from: i64, n: i64| {
+        format!(
+            "INSERT INTO gpu_days (gpu_id, day, present_hours, known_hours, act_sum, \
+             idle_hours, allocated_hours, allocated_idle_hours) SELECT g, d, 24, 24, 0, 0, 0, 0 \
+             FROM generate_series(1, 300) g, generate_series({from}, {}, 86400) d",
+            from + (n - 1) * 86_400
+        )
+    };
+    pool.execute(hours(monday, 20).as_str()).await.unwrap();
+    pool.execute(days(monday - 20 * 86_400, 20).as_str())
+        .await
+        .unwrap();
+    pool.execute("ANALYZE gpu_hours, gpu_days").await.unwrap();
+    let (new_hour, new_day) = (monday + 20 * 3600, monday);
+    pool.execute(hours(new_hour, 1).as_str()).await.unwrap();
+    pool.execute(days(new_day, 1).as_str()).await.unwrap();
+    let rows = estimate(format!(
+        "SELECT gpu_id FROM gpu_hours WHERE hour >= {new_hour} AND hour < {}",
+        new_hour + 3600
+    ))
+    .await;
+    assert!(rows >= 30.0, "a new hour's 300 rows estimated at {rows}");
+    let rows = estimate(format!(
+        "SELECT gpu_id FROM gpu_days WHERE day >= {new_day}"
+    ))
+    .await;
+    assert!(rows >= 30.0, "a new day's 300 rows estimated at {rows}");
+    pool.close().await;
+    Store::drop_schema(&url, &schema).await.unwrap();
+}
