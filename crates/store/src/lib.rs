@@ -99,11 +99,12 @@ pub struct Store {
     gpu_rewrites: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// How many rewrites of GPU rows call for vacuuming `gpus` ([`ingest::VACUUM_GPUS_AFTER`]).
     vacuum_gpus_after: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// When pushes analyze the tables they grow (PostgreSQL; `ingest.rs`).
+    /// When pushes vacuum and analyze the tables they grow (PostgreSQL; `ingest.rs`).
     upkeep: std::sync::Arc<Upkeep>,
 }
 
-/// The counts behind analyzing the tables pushes grow (`Store::note_new_samples`).
+/// The counts behind vacuuming and analyzing the tables pushes grow
+/// (`Store::note_new_samples`).
 #[derive(Debug)]
 struct Upkeep {
     /// Samples stored since the last analysis was started.

@@ -5983,16 +5983,21 @@ async fn pushes_vacuum_the_gpu_rows_they_rewrite_on_postgres() {
 /// background, so that a bulk load is planned from statistics before autovacuum or the hourly
 /// maintenance comes; pushes short of the threshold do not.
 #[tokio::test]
-async fn pushes_analyze_the_tables_they_grow_on_postgres() {
-    let Some((store, stats, url, schema)) =
-        postgres_schema("pushes_analyze_the_tables_they_grow", "t_analyze_pushed").await
+async fn pushes_vacuum_and_analyze_the_tables_they_grow_on_postgres() {
+    let Some((store, stats, url, schema)) = postgres_schema(
+        "pushes_vacuum_and_analyze_the_tables_they_grow",
+        "t_analyze_pushed",
+    )
+    .await
     else {
         return;
     };
-    // Manual analyzes of the allocations and the day rows (autovacuum's count apart).
+    // Manual vacuums and analyzes of the allocations and the day rows (autovacuum's count
+    // apart): the least of the four counts.
     let analyzed = || async {
         sqlx::query_as::<_, (i64,)>(
-            "SELECT CAST(MIN(analyze_count) AS BIGINT) FROM pg_stat_user_tables \
+            "SELECT CAST(MIN(LEAST(analyze_count, vacuum_count)) AS BIGINT) \
+             FROM pg_stat_user_tables \
              WHERE schemaname = $1 AND relname IN ('allocations', 'gpu_days')",
         )
         .bind(schema.clone())
@@ -6027,7 +6032,7 @@ async fn pushes_analyze_the_tables_they_grow_on_postgres() {
     while analyzed().await == 0 {
         assert!(
             std::time::Instant::now() < deadline,
-            "not analyzed 20 s after the threshold"
+            "not vacuumed and analyzed 20 s after the threshold"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
