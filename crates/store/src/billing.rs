@@ -17,6 +17,7 @@ use sqlx::Row;
 
 use gpuledger_model::{day_floor, hour_floor, DAY_SECS, HOUR_SECS};
 
+use crate::rollup::values;
 use crate::{Filters, Result, Store, StoreError, Window};
 
 /// What importing one export did.
@@ -55,6 +56,10 @@ pub struct UnseenSpend {
     /// The export it was last billed in.
     pub file: String,
 }
+
+/// Billed periods written per `INSERT` statement (six parameters each, under SQLite's limit
+/// of 32,766).
+const BILLED_CHUNK: usize = 500;
 
 /// A row of billed hours as read back: uuid, host, team, rate, period start, hours, billed.
 type BilledRowSql = (String, Option<String>, String, Option<f64>, i64, i64, f64);
@@ -247,26 +252,45 @@ impl Store {
             .bind(file_id)
             .execute(&mut *tx)
             .await?;
+        // The shares as rows, one per GPU and charge period (an export may bill one GPU's
+        // period on several lines: their bills add up), written many to a statement: one
+        // statement a share took most of a 100,000-GPU import.
+        let ids: HashMap<String, i64> =
+            sqlx::query_as::<_, (String, i64)>("SELECT uuid, id FROM gpus")
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+        let mut periods: BTreeMap<(i64, i64, i64), (f64, i64)> = BTreeMap::new();
         for b in &report.shares {
-            let id: Option<i64> = sqlx::query_scalar(&self.sql(
+            let Some(&id) = ids.get(&b.uuid) else {
+                continue;
+            };
+            let e = periods
+                .entry((id, b.period_start, b.period_end))
+                .or_insert((0.0, b.hours));
+            e.0 += b.billed_usd;
+            widen(&mut touched, id, b.period_start, b.period_end);
+        }
+        let periods: Vec<_> = periods.into_iter().collect();
+        for chunk in periods.chunks(BILLED_CHUNK) {
+            let sql = format!(
                 "INSERT INTO billed_gpu_periods \
-                 (file_id, gpu_id, period_start, period_end, billed_usd, hours) \
-                 SELECT $1, id, $3, $4, $5, $6 FROM gpus WHERE uuid = $2 \
-                 ON CONFLICT (file_id, gpu_id, period_start, period_end) DO UPDATE SET \
-                 billed_usd = billed_gpu_periods.billed_usd + excluded.billed_usd \
-                 RETURNING gpu_id",
-            ))
-            .bind(file_id)
-            .bind(b.uuid.clone())
-            .bind(b.period_start)
-            .bind(b.period_end)
-            .bind(b.billed_usd)
-            .bind(b.hours)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(id) = id {
-                widen(&mut touched, id, b.period_start, b.period_end);
+                 (file_id, gpu_id, period_start, period_end, billed_usd, hours) VALUES {}",
+                values(chunk.len(), 6)
+            );
+            let sql = self.sql(&sql);
+            let mut q = sqlx::query(&sql).persistent(chunk.len() == BILLED_CHUNK);
+            for ((id, lo, hi), (usd, hours)) in chunk {
+                q = q
+                    .bind(file_id)
+                    .bind(*id)
+                    .bind(*lo)
+                    .bind(*hi)
+                    .bind(*usd)
+                    .bind(*hours);
             }
+            q.execute(&mut *tx).await?;
         }
         // A newer bill of a GPU's hours replaces what older files said of them: exports
         // delivered again under new names, or one file imported under two paths, never add up.

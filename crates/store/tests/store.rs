@@ -1698,6 +1698,24 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
     assert_eq!(nlp.cost_basis, gpuledger_model::CostBasis::Estimate);
     let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
     assert_eq!((d.billed_gpu_hours, d.billed_usd), (0, 0.0));
+    // One GPU's period billed on two lines (part under a savings plan, part on demand):
+    // the two bills add up, on the hours and in the report.
+    let split = "BilledCost,ChargePeriodStart,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+         40.00,2026-12-01T00:00:00Z,28.00,arn:aws:ec2:us-east-1:1:instance/node-a,$98.32 per SavingsPlanCoveredUsage p5.48xlarge Instance Hour,Amazon EC2,AWS\n\
+         20.00,2026-12-01T00:00:00Z,20.00,arn:aws:ec2:us-east-1:1:instance/node-a,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon EC2,AWS\n";
+    let done = store
+        .import_billing("focus-2026-12.csv", split, now(), false)
+        .await
+        .unwrap();
+    assert_eq!(done.report.matched_lines, 2);
+    assert_eq!(done.report.gpus.len(), 1, "{:?}", done.report.gpus);
+    assert_eq!(done.report.gpus[0].billed_usd, 48.0);
+    let s = store
+        .summary(day(), &Filters::default(), GroupBy::Team, now())
+        .await
+        .unwrap();
+    let nlp = group(&s.groups, "nlp");
+    assert_eq!((nlp.billed_gpu_hours, nlp.billed_usd), (6, 48.0));
     let err = store
         .import_billing("not-focus.csv", "a,b\n1,2\n", now(), false)
         .await
