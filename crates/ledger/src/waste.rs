@@ -375,16 +375,112 @@ pub fn idle_workloads_less<'a>(
             w
         })
         .collect();
-    out.sort_by(|a, b| {
-        b.cost_usd
-            .total_cmp(&a.cost_usd)
-            .then(b.allocated_idle_hours.total_cmp(&a.allocated_idle_hours))
-            .then(a.workload.cmp(&b.workload))
-            .then(a.kind.cmp(&b.kind))
-            .then(a.used_by.cmp(&b.used_by))
-            .then(a.owner.cmp(&b.owner))
-    });
+    out.sort_by(workload_order);
     out
+}
+
+/// The order of [`idle_workloads`]: most expensive first, then most hours, then by name,
+/// kind, allocating team and owner (a total order: no two workloads folded apart share all
+/// four).
+fn workload_order(a: &IdleWorkload, b: &IdleWorkload) -> std::cmp::Ordering {
+    b.cost_usd
+        .total_cmp(&a.cost_usd)
+        .then(b.allocated_idle_hours.total_cmp(&a.allocated_idle_hours))
+        .then(a.workload.cmp(&b.workload))
+        .then(a.kind.cmp(&b.kind))
+        .then(a.used_by.cmp(&b.used_by))
+        .then(a.owner.cmp(&b.owner))
+}
+
+/// Allocated-and-idle shares folded once into workloads ([`idle_workloads`]) and kept with
+/// them, so that a few more shares (and some to take off) fold with them again without going
+/// through all of them: what the store keeps between requests for a window's settled days,
+/// where a month of a large fleet holds a million shares and a request adds today's.
+#[derive(Debug, Default)]
+pub struct FoldedShares {
+    shares: Vec<IdleShare>,
+    /// `idle_workloads(&shares)`, in its order.
+    workloads: Vec<IdleWorkload>,
+    /// The positions in `shares` of each workload name's shares, in order.
+    of_workload: foldhash::HashMap<String, Vec<usize>>,
+}
+
+impl FoldedShares {
+    pub fn new(shares: Vec<IdleShare>) -> Self {
+        let workloads = idle_workloads(&shares);
+        let mut of_workload: foldhash::HashMap<String, Vec<usize>> = Default::default();
+        for (i, s) in shares.iter().enumerate() {
+            match of_workload.get_mut(s.workload.as_str()) {
+                Some(at) => at.push(i),
+                None => {
+                    of_workload.insert(s.workload.clone(), vec![i]);
+                }
+            }
+        }
+        FoldedShares {
+            shares,
+            workloads,
+            of_workload,
+        }
+    }
+
+    /// The shares, in the order they were given.
+    pub fn shares(&self) -> &[IdleShare] {
+        &self.shares
+    }
+
+    /// The first `n` workloads of [`idle_workloads_less`] of these shares followed by `more`,
+    /// less `outside`: the same workloads, to the last bit, in the same order. A workload's
+    /// figures depend only on the shares naming it, in their order; so only the workloads that
+    /// `more` and `outside` name are folded again (with their kept shares first), and the rest
+    /// come from the kept fold, both merged in [`idle_workloads`]' order.
+    pub fn first_less<'a>(
+        &'a self,
+        more: impl IntoIterator<Item = &'a IdleShare>,
+        outside: impl IntoIterator<Item = &'a IdleShare>,
+        n: usize,
+    ) -> Vec<IdleWorkload> {
+        let more: Vec<&IdleShare> = more.into_iter().collect();
+        let outside: Vec<&IdleShare> = outside.into_iter().collect();
+        let named: foldhash::HashSet<&str> = more
+            .iter()
+            .chain(&outside)
+            .map(|s| s.workload.as_str())
+            .collect();
+        let mut at: Vec<usize> = named
+            .iter()
+            .filter_map(|w| self.of_workload.get(*w))
+            .flatten()
+            .copied()
+            .collect();
+        at.sort_unstable();
+        let again = idle_workloads_less(at.iter().map(|&i| &self.shares[i]).chain(more), outside);
+        let mut kept = self
+            .workloads
+            .iter()
+            .filter(|w| !named.contains(w.workload.as_str()))
+            .peekable();
+        let mut again = again.into_iter().peekable();
+        let mut out = Vec::with_capacity(n.min(self.workloads.len() + again.len()));
+        while out.len() < n {
+            let next = match (kept.peek(), again.peek()) {
+                (Some(k), Some(a)) => {
+                    if workload_order(k, a).is_le() {
+                        kept.next().cloned()
+                    } else {
+                        again.next()
+                    }
+                }
+                (Some(_), None) => kept.next().cloned(),
+                (None, _) => again.next(),
+            };
+            match next {
+                Some(w) => out.push(w),
+                None => break,
+            }
+        }
+        out
+    }
 }
 
 /// The finding for an allocated-but-idle workload over a window of `window_hours`.
@@ -730,6 +826,54 @@ mod tests {
             allocated_idle_finding(&ws[0], 730.0).usd_per_month,
             Some(3.0)
         );
+    }
+
+    #[test]
+    fn kept_folds_with_more_shares_as_all_of_them_folded_at_once() {
+        // Random fleets of shares: the kept fold plus a request's shares, less those outside,
+        // against the whole fold of all of them, for every cut.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..300 {
+            let share = |next: &mut dyn FnMut(u64) -> u64| IdleShare {
+                workload: format!("w{}", next(12)),
+                kind: ["pod", "slurm_job"][next(2) as usize].into(),
+                used_by: [None, Some("NLP".to_string()), Some("vision".to_string())]
+                    [next(3) as usize]
+                    .clone(),
+                owner: ["nlp", "vision"][next(2) as usize].into(),
+                gpu_id: next(6) as i64,
+                usd_per_hour: [None, Some(2.0), Some(3.5)][next(3) as usize],
+                hours: [0.25, 0.5, 1.0, 1.0 / 3.0, 7.0][next(5) as usize],
+            };
+            let kept: Vec<IdleShare> = (0..next(40)).map(|_| share(&mut next)).collect();
+            let more: Vec<IdleShare> = (0..next(8)).map(|_| share(&mut next)).collect();
+            // Some outside shares take off what kept or more hold, some name nothing held.
+            let mut outside: Vec<IdleShare> = (0..next(4)).map(|_| share(&mut next)).collect();
+            for s in kept.iter().chain(&more) {
+                if next(5) == 0 {
+                    outside.push(IdleShare {
+                        hours: s.hours * [1.0, 0.5][next(2) as usize],
+                        ..s.clone()
+                    });
+                }
+            }
+            let whole = idle_workloads_less(kept.iter().chain(&more), &outside);
+            let folded = FoldedShares::new(kept.clone());
+            assert_eq!(folded.shares(), &kept[..]);
+            for n in [0, 1, 3, whole.len(), whole.len() + 5] {
+                assert_eq!(
+                    folded.first_less(&more, &outside, n),
+                    whole[..n.min(whole.len())],
+                    "kept {kept:?} more {more:?} outside {outside:?} n {n}"
+                );
+            }
+        }
     }
 
     #[test]

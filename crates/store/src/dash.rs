@@ -752,6 +752,21 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
+        self.idle_workloads_first(window, filters, now, usize::MAX)
+            .await
+    }
+
+    /// The first `n` of [`Store::idle_workloads`]: the settled days' shares are kept folded
+    /// (`ledger::waste::FoldedShares`), and only the workloads today's shares and the edges
+    /// name are folded again, so a request over a month of a large fleet does not go through a
+    /// million shares.
+    pub async fn idle_workloads_first(
+        &self,
+        window: Window,
+        filters: &Filters,
+        now: DateTime<Utc>,
+        n: usize,
+    ) -> Result<Vec<IdleWorkload>> {
         let (lo, hi) = window.hours(now.timestamp());
         let ((d_lo, d_hi), [e1, e2]) = crate::query::whole_days(lo, hi);
         // An edge day may be its day rows less the day's shares outside the window
@@ -772,10 +787,14 @@ impl Store {
                     self.settings.idle_threshold_pct
                 ),
                 (day_lo, today),
-                || self.idle_day_shares(day_lo, today, filters),
+                || async {
+                    Ok(gpuledger_ledger::waste::FoldedShares::new(
+                        self.idle_day_shares(day_lo, today, filters).await?,
+                    ))
+                },
             )
             .await?;
-        // The kept shares are folded where they are, never copied. The whole fleet's kept
+        // The settled days' shares are kept folded, never copied. The whole fleet's kept
         // shares of today serve a team filter too: it selects the shares' owner at the hour,
         // which they carry (`owned`), as the SQL's `o.team IN (...)` does.
         let from_kept = self.keeps_live()
@@ -812,11 +831,10 @@ impl Store {
             }
         }
         let ahead = ahead.unwrap_or_default();
-        Ok(gpuledger_ledger::waste::idle_workloads_less(
-            kept.iter()
-                .chain(today_kept.iter().filter(owned))
-                .chain(&live),
+        Ok(kept.first_less(
+            today_kept.iter().filter(owned).chain(&live),
             outside.iter().chain(ahead.iter().filter(owned)),
+            n,
         ))
     }
 

@@ -119,6 +119,9 @@ impl Ranked<'_> {
     }
 }
 
+/// How many allocated-idle workloads are findings: the most expensive.
+const WORKLOADS_LISTED: usize = 100;
+
 /// What the findings read besides the page's GPU list and per-GPU counts, for the window and
 /// filters of `p`: read by [`findings_reads`] beside those, not after them.
 pub struct FindingsReads {
@@ -150,7 +153,7 @@ pub async fn findings_reads(
     };
     let (evidence, workloads, unseen) = tokio::try_join!(
         store.activity_evidence(&p.filters, now),
-        store.idle_workloads(window, &p.filters, now),
+        store.idle_workloads_first(window, &p.filters, now, WORKLOADS_LISTED),
         unseen,
     )?;
     Ok(FindingsReads {
@@ -294,7 +297,7 @@ pub fn findings(
             ),
         ],
     );
-    for w in workloads.iter().take(100) {
+    for w in workloads.iter().take(WORKLOADS_LISTED) {
         let x = allocated_idle_finding(w, window_hours);
         alloc_idle.hidden += usize::from(tables && !room(&alloc_idle));
         if room(&alloc_idle) {
