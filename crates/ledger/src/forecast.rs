@@ -228,26 +228,52 @@ pub fn group_days(rows: &[DayRow], by: Option<GroupBy>) -> BTreeMap<String, Vec<
 /// the hours of GPUs without one, as the store sums them from its day rows.
 pub fn day_rows(day: NaiveDate, windows: &[GpuWindow]) -> Vec<DayRow> {
     type Key<'a> = (&'a str, &'a str, Option<&'a str>, &'a str);
-    let mut by: BTreeMap<Key, DayRow> = BTreeMap::new();
+    // A GPU's neighbours mostly share its row (a host's GPUs): the last row is tried first,
+    // by the shared texts' addresses, before the map; the rows are then put in key order.
+    let same = |a: &Key, b: &Key| {
+        let text = |x: &str, y: &str| std::ptr::eq(x, y) || x == y;
+        text(a.0, b.0)
+            && text(a.1, b.1)
+            && match (a.2, b.2) {
+                (Some(x), Some(y)) => text(x, y),
+                (x, y) => x.is_none() && y.is_none(),
+            }
+            && text(a.3, b.3)
+    };
+    let mut rows: Vec<(Key, DayRow)> = Vec::new();
+    let mut at: foldhash::HashMap<Key, usize> = Default::default();
+    let mut last: Option<(Key, usize)> = None;
     for w in windows.iter().filter(|w| w.present_hours > 0) {
         let key = (&*w.team, &*w.env, w.cloud.as_deref(), &*w.model);
-        let r = by.entry(key).or_insert_with(|| DayRow {
-            day,
-            team: w.team.to_string(),
-            env: w.env.to_string(),
-            cloud: w.cloud.as_deref().map(str::to_string),
-            model: w.model.to_string(),
-            gpu_hours: 0,
-            cost_usd: 0.0,
-            unpriced_gpu_hours: 0,
-        });
+        let i = match last {
+            Some((k, i)) if same(&k, &key) => i,
+            _ => *at.entry(key).or_insert_with(|| {
+                rows.push((
+                    key,
+                    DayRow {
+                        day,
+                        team: w.team.to_string(),
+                        env: w.env.to_string(),
+                        cloud: w.cloud.as_deref().map(str::to_string),
+                        model: w.model.to_string(),
+                        gpu_hours: 0,
+                        cost_usd: 0.0,
+                        unpriced_gpu_hours: 0,
+                    },
+                ));
+                rows.len() - 1
+            }),
+        };
+        last = Some((key, i));
+        let r = &mut rows[i].1;
         r.gpu_hours += w.present_hours;
         match w.cost_usd() {
             Some(c) => r.cost_usd += c,
             None => r.unpriced_gpu_hours += w.present_hours,
         }
     }
-    by.into_values().collect()
+    rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    rows.into_iter().map(|(_, r)| r).collect()
 }
 
 fn is_weekend(d: NaiveDate) -> bool {

@@ -4,7 +4,7 @@
 //! allocated-idle hours in the window and the sum of its known hourly activities; this module
 //! groups those counts and prices them. Keeping it pure means the definitions are tested once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -218,7 +218,7 @@ pub fn per_gpu(rows: Vec<GpuWindow>) -> Vec<GpuWindow> {
     let mut out: Vec<GpuWindow> = Vec::with_capacity(rows.len());
     for w in rows {
         match out.last_mut() {
-            Some(last) if last.uuid == w.uuid => {
+            Some(last) if Arc::ptr_eq(&last.uuid, &w.uuid) || last.uuid == w.uuid => {
                 last.present_hours += w.present_hours;
                 last.busy_hours += w.busy_hours;
                 last.idle_hours += w.idle_hours;
@@ -346,18 +346,43 @@ enum Seen<'a> {
     /// of the GPU counted last adds no GPU. No hashing, where a set of 100,000 UUIDs was most
     /// of the time [`summarize`] took.
     Last(Option<&'a str>),
-    All(HashSet<&'a str>),
+    All(foldhash::HashSet<Uuid<'a>>),
+}
+
+/// A GPU's UUID as a set's key, hashed by its length and last eight bytes alone (UUIDs differ
+/// there; equal keys are still told by their whole text): hashing all of 100,000 UUIDs was
+/// most of the time [`Seen::for_rows`] took.
+#[derive(PartialEq, Eq)]
+struct Uuid<'a>(&'a str);
+
+impl std::hash::Hash for Uuid<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let b = self.0.as_bytes();
+        let mut tail = [0u8; 8];
+        let n = b.len().min(8);
+        tail[8 - n..].copy_from_slice(&b[b.len() - n..]);
+        h.write_u64(u64::from_le_bytes(tail) ^ (b.len() as u64).rotate_left(59));
+    }
 }
 
 impl<'a> Seen<'a> {
-    /// Where `rows` come in UUID order, so each GPU's rows are together ([`Seen::Last`]),
-    /// else a set.
+    /// Where each GPU's rows come together in `rows` ([`Seen::Last`]), else a set: the rows
+    /// of the store come by GPU (its id, not its UUID), so together, and one pass over the
+    /// first row of each run of a UUID tells it, instead of a set per group.
     fn for_rows(rows: impl Iterator<Item = &'a GpuWindow>) -> Self {
-        if rows.is_sorted_by(|a, b| a.uuid <= b.uuid) {
-            Seen::Last(None)
-        } else {
-            Seen::All(HashSet::new())
+        let mut heads: foldhash::HashSet<Uuid> =
+            foldhash::HashSet::with_capacity_and_hasher(rows.size_hint().0, Default::default());
+        let mut last: Option<&Arc<str>> = None;
+        for w in rows {
+            if last.is_some_and(|l| Arc::ptr_eq(l, &w.uuid) || **l == *w.uuid) {
+                continue;
+            }
+            last = Some(&w.uuid);
+            if !heads.insert(Uuid(&w.uuid)) {
+                return Seen::All(Default::default());
+            }
         }
+        Seen::Last(None)
     }
 
     /// Whether `uuid` is new to the group.
@@ -368,7 +393,7 @@ impl<'a> Seen<'a> {
                 *last = Some(uuid);
                 new
             }
-            Seen::All(set) => set.insert(uuid),
+            Seen::All(set) => set.insert(Uuid(uuid)),
         }
     }
 
@@ -376,7 +401,7 @@ impl<'a> Seen<'a> {
     fn fresh(&self) -> Self {
         match self {
             Seen::Last(_) => Seen::Last(None),
-            Seen::All(_) => Seen::All(HashSet::new()),
+            Seen::All(_) => Seen::All(Default::default()),
         }
     }
 }
@@ -448,14 +473,23 @@ pub fn round(v: f64, places: i32) -> f64 {
 /// GPUs not present in the window are left out.
 pub fn summarize(windows: &[GpuWindow], by: GroupBy) -> (Vec<SummaryGroup>, SummaryGroup) {
     let seen = Seen::for_rows(windows.iter());
-    let mut groups: BTreeMap<&str, Acc> = BTreeMap::new();
+    // A GPU's neighbours mostly share its group (a host's GPUs): the last group is tried
+    // first, by the shared text's address, before the map.
+    let mut groups: Vec<(&str, Acc)> = Vec::new();
+    let mut at: foldhash::HashMap<&str, usize> = Default::default();
+    let mut last: Option<(&str, usize)> = None;
     let mut total = Acc::new(seen.fresh());
     for w in windows {
         let key = w.key(by);
-        match groups.get_mut(key) {
-            Some(acc) => acc.add(w),
-            None => groups.entry(key).or_insert(Acc::new(seen.fresh())).add(w),
-        }
+        let i = match last {
+            Some((k, i)) if std::ptr::eq(k, key) || k == key => i,
+            _ => *at.entry(key).or_insert_with(|| {
+                groups.push((key, Acc::new(seen.fresh())));
+                groups.len() - 1
+            }),
+        };
+        last = Some((key, i));
+        groups[i].1.add(w);
         total.add(w);
     }
     let mut out: Vec<SummaryGroup> = groups
@@ -490,6 +524,26 @@ mod tests {
             activity_sum: act,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_gpu_counts_once_per_group_whether_its_rows_come_together_or_not() {
+        let row = |uuid: &str, team: &str| GpuWindow {
+            uuid: uuid.into(),
+            ..w(team, Some(1.0), 2, 1, 1, 50.0)
+        };
+        // Together (by GPU, not by UUID), then apart: the same groups either way.
+        let together = [row("GPU-b", "x"), row("GPU-b", "y"), row("GPU-a", "x")];
+        let apart = [row("GPU-b", "x"), row("GPU-a", "x"), row("GPU-b", "x")];
+        let (groups, total) = summarize(&together, GroupBy::Team);
+        let got: Vec<_> = groups.iter().map(|g| (g.key.as_str(), g.gpus)).collect();
+        assert_eq!((got, total.gpus), (vec![("x", 2), ("y", 1)], 2));
+        let (groups, total) = summarize(&apart, GroupBy::Team);
+        let got: Vec<_> = groups
+            .iter()
+            .map(|g| (g.key.as_str(), g.gpus, g.gpu_hours))
+            .collect();
+        assert_eq!((got, total.gpus), (vec![("x", 2, 6)], 2));
     }
 
     #[test]
