@@ -118,7 +118,10 @@ pub(crate) const CLEAN_HOURS: &str = "FROM (\
 /// reads from the group rows. On PostgreSQL each hour is a range of its own, those listed
 /// clean left out, and each range is read by its own scan of the hour index (a lateral
 /// subquery the planner cannot flatten: estimating a thousand ranges, it would otherwise
-/// scan every hour row once and match them to the ranges). SQLite lists no hour clean
+/// scan every hour row once and match them to the ranges). The ranges are listed before any
+/// is read (`OFFSET 0`): else the planner may read every hour of today and only then drop
+/// those listed clean (at 30,150 GPUs, 1.2 s for no row where all of today's were clean,
+/// 55 ms listed first). SQLite lists no hour clean
 /// (migration 24) and joins the ranges whole.
 pub(crate) fn dirty_hour_rows(backend: Backend) -> &'static str {
     match backend {
@@ -128,7 +131,8 @@ pub(crate) fn dirty_hour_rows(backend: Backend) -> &'static str {
                UNION ALL SELECT day, day + 86400 FROM group_dirty WHERE day >= $1 AND day < $2) b \
              CROSS JOIN LATERAL generate_series(b.lo, b.hi - 1, CAST(3600 AS BIGINT)) s(hr) \
              WHERE NOT EXISTS (SELECT 1 FROM group_clean_hours c \
-               JOIN group_dirty x ON x.day = c.hour - c.hour % 86400 WHERE c.hour = s.hr)) r \
+               JOIN group_dirty x ON x.day = c.hour - c.hour % 86400 WHERE c.hour = s.hr) \
+               OFFSET 0) r \
              CROSS JOIN LATERAL (SELECT h.gpu_id, h.hour, h.act_n, h.act_sum, h.allocated \
                FROM gpu_hours h WHERE h.hour >= r.lo AND h.hour < r.hi OFFSET 0) h"
         }
