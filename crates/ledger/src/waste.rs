@@ -288,6 +288,44 @@ pub struct IdleWorkload {
     pub unpriced_hours: f64,
 }
 
+impl IdleWorkload {
+    /// The figures its finding is priced by.
+    pub fn cost(&self) -> WorkloadCost {
+        WorkloadCost {
+            allocated_idle_hours: self.allocated_idle_hours,
+            cost_usd: self.cost_usd,
+            unpriced_hours: self.unpriced_hours,
+        }
+    }
+}
+
+/// An allocated-idle workload's figures without its names: what the findings' count and total
+/// need of the workloads that are not written out.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkloadCost {
+    pub allocated_idle_hours: f64,
+    pub cost_usd: f64,
+    pub unpriced_hours: f64,
+}
+
+impl WorkloadCost {
+    /// Its finding's $ per month over a window of `window_hours`: unknown when every hour is on
+    /// GPUs without a rate.
+    pub fn usd_per_month(&self, window_hours: f64) -> Option<f64> {
+        (self.allocated_idle_hours > self.unpriced_hours)
+            .then(|| window_per_month(self.cost_usd, window_hours))
+    }
+}
+
+/// The workloads of [`FoldedShares::first_less`]: the first ones whole, in
+/// [`idle_workloads`]' order, and the figures of all the others (in no order), so that a count
+/// or a total is of every workload.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FirstWorkloads {
+    pub first: Vec<IdleWorkload>,
+    pub rest: Vec<WorkloadCost>,
+}
+
 /// Fold per-GPU shares into workloads, most expensive first (then most hours, then name).
 pub fn idle_workloads(shares: &[IdleShare]) -> Vec<IdleWorkload> {
     idle_workloads_less(shares, [])
@@ -403,6 +441,8 @@ pub struct FoldedShares {
     workloads: Vec<IdleWorkload>,
     /// The positions in `shares` of each workload name's shares, in order.
     of_workload: foldhash::HashMap<String, Vec<usize>>,
+    /// The positions in `workloads` of each workload name's workloads.
+    folded_of: foldhash::HashMap<String, Vec<usize>>,
 }
 
 impl FoldedShares {
@@ -417,10 +457,20 @@ impl FoldedShares {
                 }
             }
         }
+        let mut folded_of: foldhash::HashMap<String, Vec<usize>> = Default::default();
+        for (i, w) in workloads.iter().enumerate() {
+            match folded_of.get_mut(w.workload.as_str()) {
+                Some(at) => at.push(i),
+                None => {
+                    folded_of.insert(w.workload.clone(), vec![i]);
+                }
+            }
+        }
         FoldedShares {
             shares,
             workloads,
             of_workload,
+            folded_of,
         }
     }
 
@@ -430,16 +480,17 @@ impl FoldedShares {
     }
 
     /// The first `n` workloads of [`idle_workloads_less`] of these shares followed by `more`,
-    /// less `outside`: the same workloads, to the last bit, in the same order. A workload's
-    /// figures depend only on the shares naming it, in their order; so only the workloads that
-    /// `more` and `outside` name are folded again (with their kept shares first), and the rest
-    /// come from the kept fold, both merged in [`idle_workloads`]' order.
+    /// less `outside`: the same workloads, to the last bit, in the same order, and the figures
+    /// of the others. A workload's figures depend only on the shares naming it, in their order;
+    /// so only the workloads that `more` and `outside` name are folded again (with their kept
+    /// shares first), and the rest come from the kept fold, both merged in [`idle_workloads`]'
+    /// order.
     pub fn first_less<'a>(
         &'a self,
         more: impl IntoIterator<Item = &'a IdleShare>,
         outside: impl IntoIterator<Item = &'a IdleShare>,
         n: usize,
-    ) -> Vec<IdleWorkload> {
+    ) -> FirstWorkloads {
         let more: Vec<&IdleShare> = more.into_iter().collect();
         let outside: Vec<&IdleShare> = outside.into_iter().collect();
         let named: foldhash::HashSet<&str> = more
@@ -455,14 +506,25 @@ impl FoldedShares {
             .collect();
         at.sort_unstable();
         let again = idle_workloads_less(at.iter().map(|&i| &self.shares[i]).chain(more), outside);
+        // The kept workloads folded again are passed over by position, not by name: the rest
+        // of a month's workloads are walked for their figures at every request.
+        let mut folded_again = vec![false; self.workloads.len()];
+        for i in named
+            .iter()
+            .filter_map(|w| self.folded_of.get(*w))
+            .flatten()
+        {
+            folded_again[*i] = true;
+        }
         let mut kept = self
             .workloads
             .iter()
-            .filter(|w| !named.contains(w.workload.as_str()))
+            .zip(folded_again)
+            .filter_map(|(w, again)| (!again).then_some(w))
             .peekable();
         let mut again = again.into_iter().peekable();
-        let mut out = Vec::with_capacity(n.min(self.workloads.len() + again.len()));
-        while out.len() < n {
+        let mut first = Vec::with_capacity(n.min(self.workloads.len() + again.len()));
+        while first.len() < n {
             let next = match (kept.peek(), again.peek()) {
                 (Some(k), Some(a)) => {
                     if workload_order(k, a).is_le() {
@@ -475,11 +537,15 @@ impl FoldedShares {
                 (None, _) => again.next(),
             };
             match next {
-                Some(w) => out.push(w),
+                Some(w) => first.push(w),
                 None => break,
             }
         }
-        out
+        let rest = kept
+            .map(IdleWorkload::cost)
+            .chain(again.map(|w| w.cost()))
+            .collect();
+        FirstWorkloads { first, rest }
     }
 }
 
@@ -506,8 +572,7 @@ pub fn allocated_idle_finding(w: &IdleWorkload, window_hours: f64) -> Finding {
             w.allocated_idle_hours
         ),
         evidence: format!("/teams/{}", w.owner),
-        usd_per_month: (w.allocated_idle_hours > w.unpriced_hours)
-            .then(|| window_per_month(w.cost_usd, window_hours)),
+        usd_per_month: w.cost().usd_per_month(window_hours),
     }
 }
 
@@ -867,9 +932,27 @@ mod tests {
             let folded = FoldedShares::new(kept.clone());
             assert_eq!(folded.shares(), &kept[..]);
             for n in [0, 1, 3, whole.len(), whole.len() + 5] {
+                let got = folded.first_less(&more, &outside, n);
+                let cut = n.min(whole.len());
                 assert_eq!(
-                    folded.first_less(&more, &outside, n),
-                    whole[..n.min(whole.len())],
+                    got.first,
+                    whole[..cut],
+                    "kept {kept:?} more {more:?} outside {outside:?} n {n}"
+                );
+                // The others' figures, every one of them once, in any order.
+                let key = |c: &WorkloadCost| {
+                    (
+                        c.cost_usd.to_bits(),
+                        c.allocated_idle_hours.to_bits(),
+                        c.unpriced_hours.to_bits(),
+                    )
+                };
+                let mut rest: Vec<_> = got.rest.iter().map(key).collect();
+                let mut want: Vec<_> = whole[cut..].iter().map(|w| key(&w.cost())).collect();
+                rest.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(
+                    rest, want,
                     "kept {kept:?} more {more:?} outside {outside:?} n {n}"
                 );
             }

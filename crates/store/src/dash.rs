@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 pub use gpuledger_ledger::summary::SeriesPoint;
-use gpuledger_ledger::waste::{ActivityEvidence, IdleShare, IdleWorkload};
+use gpuledger_ledger::waste::{ActivityEvidence, FirstWorkloads, IdleShare, IdleWorkload};
 use gpuledger_model::{day_floor, Summary, DAY_SECS};
 
 use crate::groups::{dirty_hour_rows, CLEAN_DAYS, CLEAN_HOURS};
@@ -752,11 +752,14 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
     ) -> Result<Vec<IdleWorkload>> {
-        self.idle_workloads_first(window, filters, now, usize::MAX)
-            .await
+        Ok(self
+            .idle_workloads_first(window, filters, now, usize::MAX)
+            .await?
+            .first)
     }
 
-    /// The first `n` of [`Store::idle_workloads`]: the settled days' shares are kept folded
+    /// The first `n` of [`Store::idle_workloads`], and the figures of the others (for a count
+    /// and a total of all of them): the settled days' shares are kept folded
     /// (`ledger::waste::FoldedShares`), and only the workloads today's shares and the edges
     /// name are folded again, so a request over a month of a large fleet does not go through a
     /// million shares.
@@ -766,7 +769,7 @@ impl Store {
         filters: &Filters,
         now: DateTime<Utc>,
         n: usize,
-    ) -> Result<Vec<IdleWorkload>> {
+    ) -> Result<FirstWorkloads> {
         let (lo, hi) = window.hours(now.timestamp());
         let ((d_lo, d_hi), [e1, e2]) = crate::query::whole_days(lo, hi);
         // An edge day may be its day rows less the day's shares outside the window

@@ -230,6 +230,114 @@ async fn waste_page_shows_the_first_rows_and_the_csv_has_them_all() {
     assert_eq!(csv.lines().count(), 1 + n, "{csv}");
 }
 
+/// Allocated-idle workloads beyond what a page shows are still findings: the Waste page's table
+/// counts them in its hidden rows, its CSV lists them all, and `GET /api/v1/savings` lists,
+/// counts and totals every one, whether it is asked for a page of them or for all.
+#[tokio::test]
+async fn waste_every_allocated_idle_workload_is_counted_listed_and_totalled() {
+    let app = app(WebConfig::default()).await;
+    let token = app.token("fleet", &[]).await;
+    let n = 130;
+    let (mut gpus, mut samples, mut allocations) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let uuid = format!("GPU-{i:08x}-0000-0000-0000-0000000a110c");
+        gpus.push(
+            json!({"uuid": uuid, "model": "Tesla T4", "host": format!("w{i}"),
+            "labels": {"team": "vision"}, "observed_at": "2026-11-30T09:00:00Z"}),
+        );
+        // Busy two days before: not an idle GPU, only its workload is waste.
+        samples.push(json!({"gpu_uuid": uuid, "ts": "2026-11-30T10:00:00Z", "util_pct": 90}));
+        // Idle and allocated for two to four hours, the last one just now (not missing): the
+        // workloads differ in cost.
+        for h in 0..(1 + i % 3) {
+            samples.push(
+                json!({"gpu_uuid": uuid, "ts": format!("2026-12-01T{:02}:30:00Z", 10 + h),
+                "util_pct": 0}),
+            );
+        }
+        samples.push(json!({"gpu_uuid": uuid, "ts": "2026-12-02T11:30:00Z", "util_pct": 0}));
+        allocations.push(
+            json!({"gpu_uuid": uuid, "start": "2026-12-01T00:00:00Z", "end": null,
+            "workload": format!("vision-dev/notebook-{i}"), "kind": "pod", "team": "vision"}),
+        );
+    }
+    let body = json!({"gpus": gpus, "samples": samples, "allocations": allocations});
+    let (status, out) = app.push(Some(&token), bytes(&body), false).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["rejected"], json!([]));
+
+    let whole = app.get_json("/api/v1/savings?range=7d").await;
+    let items = whole["items"].as_array().unwrap();
+    let kinds: Vec<&str> = items.iter().map(|x| x["kind"].as_str().unwrap()).collect();
+    assert_eq!(whole["count"], n, "{kinds:?}");
+    assert_eq!(items.len(), n);
+    assert!(
+        kinds.iter().all(|k| *k == "allocated but idle"),
+        "{kinds:?}"
+    );
+    // The total is every workload's (each item is rounded to the cent, the total once).
+    let sum: f64 = items
+        .iter()
+        .map(|x| x["usd_per_month"].as_f64().unwrap())
+        .sum();
+    let total = whole["usd_per_month"].as_f64().unwrap();
+    assert!(
+        total > 0.0 && (total - sum).abs() <= 0.005 * n as f64 + 0.01,
+        "{total} vs {sum}"
+    );
+    // A page of them: the same count and total, the same items.
+    let mut listed = Vec::new();
+    let mut offset = Some(0);
+    while let Some(at) = offset {
+        let page = app
+            .get_json(&format!("/api/v1/savings?range=7d&limit=10&offset={at}"))
+            .await;
+        assert_eq!(page["count"], n);
+        assert_eq!(page["usd_per_month"], whole["usd_per_month"]);
+        listed.extend(page["items"].as_array().unwrap().iter().cloned());
+        offset = page["next_offset"].as_u64();
+    }
+    assert_eq!(&listed, items);
+
+    let (status, page) = app.get("/waste?range=7d").await;
+    assert_eq!(status, 200);
+    let table = &page[page.find(r#"<table id="allocated-idle""#).unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(table.matches("<tr").count() - 1, 100, "{table}");
+    assert!(
+        page.contains(r#"id="allocated-idle-more""#) && page.contains("30 more are in the"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            r#"id="waste-total">${}<"#,
+            money_text(total.round())
+        )),
+        "{page}"
+    );
+    let (status, csv) = app.get("/waste?range=7d&csv=allocated-idle").await;
+    assert_eq!(status, 200);
+    assert_eq!(csv.lines().count(), 1 + n, "{csv}");
+    // The Overview's top findings are the most expensive workloads.
+    let (status, overview) = app.get("/?range=7d").await;
+    assert_eq!(status, 200);
+    let first = items[0]["what"].as_str().unwrap();
+    assert!(overview.contains(first), "{first} {overview}");
+}
+
+/// `1,234` for 1234.0: a whole-dollar figure as the pages write it.
+fn money_text(v: f64) -> String {
+    let whole = format!("{v:.0}");
+    let mut out = String::new();
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[tokio::test]
 async fn ingest_without_or_with_unknown_token_is_401() {
     let app = app(WebConfig::default()).await;

@@ -535,11 +535,6 @@ impl Notifier {
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let window = p.window(now);
-        let (gpus, windows, reads) = tokio::try_join!(
-            store.list_gpus_brief(&p.filters, now),
-            store.gpu_totals_with_peak(window, &p.filters, now),
-            crate::ui::findings::findings_reads(state, &p),
-        )?;
         // The findings alone: a digest shows no table.
         let listing = crate::ui::findings::Listing {
             idle_days,
@@ -547,6 +542,11 @@ impl Notifier {
             top: None,
             rows: None,
         };
+        let (gpus, windows, reads) = tokio::try_join!(
+            store.list_gpus_brief(&p.filters, now),
+            store.gpu_totals_with_peak(window, &p.filters, now),
+            crate::ui::findings::findings_reads(state, &p, &listing),
+        )?;
         let found =
             crate::ui::findings::findings(state, &p, &frame, listing, &gpus, &windows, reads);
         // Evidence paths without the page's query: the message adds its own range.

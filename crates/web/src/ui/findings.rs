@@ -5,7 +5,7 @@
 use gpuledger_ledger::waste::{
     activity_candidate, allocated_idle_finding, billed_unseen_finding, first_ranked,
     low_memory_candidate, missing_finding, per_month, rank, rank_order, total_per_month_of,
-    ActivityCandidate, ActivityEvidence, BilledUnseen, Finding, FindingKind, IdleWorkload,
+    ActivityCandidate, ActivityEvidence, BilledUnseen, Finding, FindingKind, FirstWorkloads,
     LowMemoryCandidate, Place,
 };
 
@@ -51,6 +51,19 @@ pub struct Listing {
     /// rest are counted in [`Table::hidden`]): the Waste page at 100,000 GPUs would otherwise
     /// write tens of thousands of rows, 15 MB of HTML. Its CSV downloads write them all.
     pub rows: Option<usize>,
+}
+
+impl Listing {
+    /// How many allocated-idle workloads are written out: those a table's rows or the first
+    /// `top` findings may show (the most expensive); the others are only counted and priced.
+    pub fn written(&self) -> usize {
+        let rows = if self.tables {
+            self.rows.unwrap_or(usize::MAX)
+        } else {
+            0
+        };
+        rows.max(self.top.unwrap_or(usize::MAX))
+    }
 }
 
 /// The order the idle and unmeasured GPUs are listed in: $ per month (largest first), then
@@ -119,25 +132,24 @@ impl Ranked<'_> {
     }
 }
 
-/// How many allocated-idle workloads are findings: the most expensive.
-const WORKLOADS_LISTED: usize = 100;
-
 /// What the findings read besides the page's GPU list and per-GPU counts, for the window and
 /// filters of `p`: read by [`findings_reads`] beside those, not after them.
 pub struct FindingsReads {
     /// Each GPU's last busy and last measured day.
     evidence: Vec<(String, ActivityEvidence)>,
-    /// The allocated-idle workloads.
-    workloads: Vec<IdleWorkload>,
+    /// The allocated-idle workloads: the first ones whole ([`Listing::written`]), the
+    /// figures of the others.
+    workloads: FirstWorkloads,
     /// Billed resources no source reports (read only without filters: exports carry no team
     /// or GPU attributes).
     unseen: Vec<gpuledger_store::UnseenSpend>,
 }
 
-/// The reads of [`FindingsReads`], side by side.
+/// The reads of [`FindingsReads`], side by side, for findings listed as `listing` says.
 pub async fn findings_reads(
     state: &AppState,
     p: &Params,
+    listing: &Listing,
 ) -> Result<FindingsReads, gpuledger_store::StoreError> {
     let store = &state.store;
     let now = state.now();
@@ -153,7 +165,7 @@ pub async fn findings_reads(
     };
     let (evidence, workloads, unseen) = tokio::try_join!(
         store.activity_evidence(&p.filters, now),
-        store.idle_workloads_first(window, &p.filters, now, WORKLOADS_LISTED),
+        store.idle_workloads_first(window, &p.filters, now, listing.written()),
         unseen,
     )?;
     Ok(FindingsReads {
@@ -297,7 +309,7 @@ pub fn findings(
             ),
         ],
     );
-    for w in workloads.iter().take(WORKLOADS_LISTED) {
+    for w in &workloads.first {
         let x = allocated_idle_finding(w, window_hours);
         alloc_idle.hidden += usize::from(tables && !room(&alloc_idle));
         if room(&alloc_idle) {
@@ -316,6 +328,16 @@ pub fn findings(
         }
         all.push(Ranked::Other(x));
     }
+    // The workloads not written: below every written one, so never among the first `top`
+    // nor in a table's rows, but in its hidden rows, the count and the total.
+    if tables {
+        alloc_idle.hidden += workloads.rest.len();
+    }
+    let rest_per_month: Vec<Option<f64>> = workloads
+        .rest
+        .iter()
+        .map(|c| c.usd_per_month(window_hours))
+        .collect();
 
     let mut low_mem = Table::new(
         "low-memory",
@@ -444,8 +466,12 @@ pub fn findings(
         }
         all.push(Ranked::Other(x));
     }
-    let total_per_month = total_per_month_of(all.iter().map(|r| r.rank_key().1));
-    let count = all.len();
+    let total_per_month = total_per_month_of(
+        all.iter()
+            .map(|r| r.rank_key().1)
+            .chain(rest_per_month.iter().copied()),
+    );
+    let count = all.len() + rest_per_month.len();
     let mut all: Vec<Finding> = match top {
         Some(n) => {
             let first = first_ranked(&all, n, |a, b| {

@@ -68,15 +68,6 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
     // The per-GPU counts, the trend and the forecast share one read of today.
-    let ((windows, series, forecast), gpus, reads) = tokio::try_join!(
-        store.windows_trend_forecast(window, &p.filters, daily, now),
-        store.list_gpus_brief(&p.filters, now),
-        findings_reads(&state, &p),
-    )?;
-    // One read of the per-GPU counts serves both groupings and the waste findings.
-    let (team_groups, total) = summarize(&windows, GroupBy::Team);
-    let (env_groups, _) = summarize(&windows, GroupBy::Env);
-    let per_gpu = gpuledger_ledger::summary::per_gpu(windows);
     // Eight findings are shown: only they are written.
     let listing = Listing {
         idle_days: 7,
@@ -84,6 +75,15 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
         top: Some(TOP_FINDINGS),
         rows: None,
     };
+    let ((windows, series, forecast), gpus, reads) = tokio::try_join!(
+        store.windows_trend_forecast(window, &p.filters, daily, now),
+        store.list_gpus_brief(&p.filters, now),
+        findings_reads(&state, &p, &listing),
+    )?;
+    // One read of the per-GPU counts serves both groupings and the waste findings.
+    let (team_groups, total) = summarize(&windows, GroupBy::Team);
+    let (env_groups, _) = summarize(&windows, GroupBy::Env);
+    let per_gpu = gpuledger_ledger::summary::per_gpu(windows);
     let found = findings(&state, &p, &f, listing, &gpus, &per_gpu, reads);
     let t = &total;
     let present = gpus.iter().filter(|g| g.state == GpuState::Present).count() as i64;

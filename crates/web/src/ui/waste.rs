@@ -99,34 +99,27 @@ async fn load(
             ))
         }
     };
+    let listing = Listing {
+        idle_days,
+        tables,
+        // The page shows its tables and the total, never the ranked list; the API lists
+        // every finding, or those up to the end of the page it asks for (`limit`).
+        top: if tables {
+            Some(0)
+        } else {
+            let paging = page.p.paging;
+            paging.limit.map(|l| paging.offset.saturating_add(l))
+        },
+        rows: (tables && !page.p.extra.contains_key("csv")).then_some(ROWS_SHOWN),
+    };
     let (gpus, windows, reads) = tokio::try_join!(
         state.store.list_gpus_brief(&page.p.filters, page.now),
         state
             .store
             .gpu_totals_with_peak(page.window, &page.p.filters, page.now),
-        findings_reads(state, &page.p),
+        findings_reads(state, &page.p, &listing),
     )?;
-    let found = findings(
-        state,
-        &page.p,
-        &page.frame,
-        Listing {
-            idle_days,
-            tables,
-            // The page shows its tables and the total, never the ranked list; the API lists
-            // every finding, or those up to the end of the page it asks for (`limit`).
-            top: if tables {
-                Some(0)
-            } else {
-                let paging = page.p.paging;
-                paging.limit.map(|l| paging.offset.saturating_add(l))
-            },
-            rows: (tables && !page.p.extra.contains_key("csv")).then_some(ROWS_SHOWN),
-        },
-        &gpus,
-        &windows,
-        reads,
-    );
+    let found = findings(state, &page.p, &page.frame, listing, &gpus, &windows, reads);
     Ok((page, found, idle_days))
 }
 
