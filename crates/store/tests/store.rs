@@ -1716,6 +1716,40 @@ async fn billing_import_is_kept_and_shown_beside_the_estimate(store: Store) {
         .unwrap();
     let nlp = group(&s.groups, "nlp");
     assert_eq!((nlp.billed_gpu_hours, nlp.billed_usd), (6, 48.0));
+    // The same file again with a period that shrinks, then grows: the hours it no longer
+    // covers lose their share, the hours it covers again get theirs, the rest keep theirs.
+    let until = |end: &str| {
+        format!(
+            "BilledCost,ChargePeriodStart,ChargePeriodEnd,EffectiveCost,ResourceId,ChargeDescription,ServiceName,ProviderName\n\
+             30.00,2026-12-01T00:00:00Z,{end},30.00,arn:aws:ec2:us-east-1:1:instance/node-a,$98.32 per On Demand Linux p5.48xlarge Instance Hour,Amazon EC2,AWS\n"
+        )
+    };
+    for (end, billed) in [
+        ("2026-12-01T03:00:00Z", (3, 30.0)),
+        ("2026-12-01T04:00:00Z", (4, 30.0)),
+        ("2026-12-02T00:00:00Z", (6, 30.0)),
+    ] {
+        store
+            .import_billing("focus-2026-12.csv", &until(end), now(), false)
+            .await
+            .unwrap();
+        let s = store
+            .summary(day(), &Filters::default(), GroupBy::Team, now())
+            .await
+            .unwrap();
+        let nlp = group(&s.groups, "nlp");
+        assert_eq!(
+            (nlp.billed_gpu_hours, nlp.billed_usd),
+            billed,
+            "until {end}"
+        );
+        let d = store.gpu_detail(A, day(), now()).await.unwrap().unwrap();
+        assert_eq!((d.billed_gpu_hours, d.billed_usd), billed, "until {end}");
+    }
+    store
+        .import_billing("focus-2026-12.csv", split, now(), false)
+        .await
+        .unwrap();
     let err = store
         .import_billing("not-focus.csv", "a,b\n1,2\n", now(), false)
         .await
