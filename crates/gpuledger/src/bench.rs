@@ -84,6 +84,62 @@ pub struct BenchArgs {
     /// Pushes in flight at once during `--stream`, as several sources push side by side.
     #[arg(long, default_value_t = 2)]
     pushers: usize,
+    /// After the load, import the history's billing export again as exports are delivered
+    /// again, and time each: the same file forced (nothing changes), with its last day
+    /// corrected (that day's bills 10 % lower), without its last day, and whole again (a
+    /// month's export delivered each day with one more day). The bills end as loaded.
+    #[arg(long)]
+    billing_again: bool,
+}
+
+/// `--billing-again`: the load's billing export imported again as exports come again, timed.
+async fn billing_again(state: &AppState, hosts: &[demo::Host], days: i64) -> anyhow::Result<()> {
+    let now = state.now();
+    let from = gpuledger_model::hour_floor((now - chrono::Duration::days(days)).timestamp());
+    // The load's export: the complete days of the history.
+    let export = demo::focus_export(hosts, from, now.timestamp());
+    let day_of = |line: &str| line.split(',').nth(1).map(str::to_string);
+    let last = export.lines().skip(1).filter_map(day_of).max();
+    let corrected: String = export
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            match (f.get(3), f.get(4)) {
+                (Some(b), Some(e)) if day_of(l) == last && b.parse::<f64>().is_ok() => {
+                    let less = |v: &str| format!("{:.2}", v.parse::<f64>().unwrap_or(0.0) * 0.9);
+                    let mut f: Vec<String> = f.iter().map(|x| x.to_string()).collect();
+                    (f[3], f[4]) = (less(b), less(e));
+                    f.join(",") + "\n"
+                }
+                _ => format!("{l}\n"),
+            }
+        })
+        .collect();
+    let without_last: String = export
+        .lines()
+        .filter(|l| day_of(l) != last)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    // Last, the export as it was a day earlier, then as loaded: a month's export delivered
+    // again with one more day. The database is left as the load left it.
+    for (what, text, force) in [
+        ("the same export, forced", &export, true),
+        ("its last day corrected", &corrected, false),
+        ("without its last day", &without_last, false),
+        ("with one more day", &export, false),
+    ] {
+        let started = Instant::now();
+        let done = state
+            .store
+            .import_billing(demo::BILLING_NAME, text, now, force)
+            .await?;
+        println!(
+            "billing again, {what}: {:.1} s ({} lines matched)",
+            started.elapsed().as_secs_f64(),
+            done.report.matched_lines
+        );
+    }
+    Ok(())
 }
 
 /// GPUs in one copy of the demo fleet.
@@ -193,6 +249,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
          sample at one sample a minute (the agent's default)",
         kept / 60.0
     );
+    if args.billing_again {
+        billing_again(&state, &fleet.hosts, args.days).await?;
+    }
     let history = History::of(&state, &fleet, args.days).await?;
     if let Some(path) = &args.openmetrics {
         let started = Instant::now();

@@ -272,6 +272,9 @@ pub fn focus_export(hosts: &[Host], from: i64, to: i64) -> String {
     out
 }
 
+/// The name the history's billing export is imported under.
+pub const BILLING_NAME: &str = "demo/focus-aws.csv";
+
 /// The demo's team registry (`GET /api/v1/teams`).
 pub fn team_registry() -> BTreeMap<String, gpuledger_model::TeamInfo> {
     let managers = [
@@ -1050,7 +1053,7 @@ pub async fn load_hosts(state: &AppState, hosts: Vec<Host>, days: i64) -> anyhow
     let started = std::time::Instant::now();
     let done = state
         .store
-        .import_billing("demo/focus-aws.csv", &export, now, false)
+        .import_billing(BILLING_NAME, &export, now, false)
         .await?;
     tracing::info!(
         matched = done.report.matched_lines,

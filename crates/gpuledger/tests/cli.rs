@@ -204,9 +204,10 @@ fn demo_loads_through_ingest_and_summarizes() {
 }
 
 /// `gpuledger bench` (docs/benchmarks.md) at its smallest: one copy of the demo fleet over a
-/// day, every page timed once, then the pages again with `--no-load` and a short live stream
-/// of pushes over HTTP (which fails unless every streamed sample is stored as new). It
-/// measures; this only checks that it runs and reports every part.
+/// day, every page timed once, then the pages again with `--no-load`, a short live stream of
+/// pushes over HTTP (which fails unless every streamed sample is stored as new) and the
+/// billing export imported again (`--billing-again`). It measures; this only checks that it
+/// runs and reports every part.
 #[test]
 fn bench_loads_a_scaled_fleet_and_times_every_page() {
     let dir = tempdir("bench");
@@ -261,11 +262,25 @@ fn bench_loads_a_scaled_fleet_and_times_every_page() {
         "2",
         "--stream-every",
         "20",
+        "--billing-again",
     ]);
     assert!(
         !again.contains("load:") && again.contains("overview"),
         "{again}"
     );
+    for import in [
+        "the same export, forced",
+        "its last day corrected",
+        "without its last day",
+        "with one more day",
+    ] {
+        assert!(
+            again
+                .lines()
+                .any(|l| l.starts_with(&format!("billing again, {import}: "))),
+            "{import} missing: {again}"
+        );
+    }
     // Three minutes of 400-odd GPUs on the four live sources, two minutes a push: eight pushes,
     // three samples a GPU and minute.
     assert!(
