@@ -67,7 +67,6 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
     } = page;
     let store = &state.store;
     let daily = window.to.min(now.timestamp()) - window.from > 2 * 86_400;
-    // The per-GPU counts, the trend and the forecast share one read of today.
     // Eight findings are shown: only they are written.
     let listing = Listing {
         idle_days: 7,
@@ -75,6 +74,7 @@ pub async fn overview(State(state): State<AppState>, page: Page) -> Result<Respo
         top: Some(TOP_FINDINGS),
         rows: None,
     };
+    // The per-GPU counts, the trend and the forecast share one read of today.
     let ((windows, series, forecast), gpus, reads) = tokio::try_join!(
         store.windows_trend_forecast(window, &p.filters, daily, now),
         store.list_gpus_brief(&p.filters, now),
