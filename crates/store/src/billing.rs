@@ -120,9 +120,9 @@ const CLEAR_BILLED: &str = "UPDATE gpu_hours SET billed_usd = NULL \
 /// 10,000 GPUs × 90 days). Hours no period covers keep NULL (an estimate only), as
 /// [`CLEAR_BILLED`] left them; an hour whose share is already the same is not written again (a
 /// month's export delivered each day with one more day writes that day's hours). The hours
-/// written are bounded by the GPUs and range too, not
-/// only by the join: else PostgreSQL read every hour of the table to join them by hash, for
-/// each statement of 500 GPUs (at 30,150 GPUs × 30 days, 60 reads of 21.7 million rows).
+/// written are bounded by the GPUs and range too, not only by the join: else PostgreSQL read
+/// every hour of the table to join them by hash, for each statement of 500 GPUs (at 30,150
+/// GPUs × 30 days, 21.7 million rows for each 500 GPUs billed).
 const SPREAD_BILLED: &str = "UPDATE gpu_hours SET billed_usd = s.usd FROM (\
        SELECT h.gpu_id AS gid, h.hour AS hr, SUM(bp.billed_usd / bp.hours) AS usd \
        FROM billed_gpu_periods bp CROSS JOIN gpu_hours h WHERE h.gpu_id = bp.gpu_id \
