@@ -448,24 +448,8 @@ pub struct FoldedShares {
 impl FoldedShares {
     pub fn new(shares: Vec<IdleShare>) -> Self {
         let workloads = idle_workloads(&shares);
-        let mut of_workload: foldhash::HashMap<String, Vec<usize>> = Default::default();
-        for (i, s) in shares.iter().enumerate() {
-            match of_workload.get_mut(s.workload.as_str()) {
-                Some(at) => at.push(i),
-                None => {
-                    of_workload.insert(s.workload.clone(), vec![i]);
-                }
-            }
-        }
-        let mut folded_of: foldhash::HashMap<String, Vec<usize>> = Default::default();
-        for (i, w) in workloads.iter().enumerate() {
-            match folded_of.get_mut(w.workload.as_str()) {
-                Some(at) => at.push(i),
-                None => {
-                    folded_of.insert(w.workload.clone(), vec![i]);
-                }
-            }
-        }
+        let of_workload = positions_by_name(shares.iter().map(|s| s.workload.as_str()));
+        let folded_of = positions_by_name(workloads.iter().map(|w| w.workload.as_str()));
         FoldedShares {
             shares,
             workloads,
@@ -547,6 +531,22 @@ impl FoldedShares {
             .collect();
         FirstWorkloads { first, rest }
     }
+}
+
+/// The positions of each name among `names`, in order.
+fn positions_by_name<'a>(
+    names: impl Iterator<Item = &'a str>,
+) -> foldhash::HashMap<String, Vec<usize>> {
+    let mut at: foldhash::HashMap<String, Vec<usize>> = Default::default();
+    for (i, name) in names.enumerate() {
+        match at.get_mut(name) {
+            Some(list) => list.push(i),
+            None => {
+                at.insert(name.to_string(), vec![i]);
+            }
+        }
+    }
+    at
 }
 
 /// The finding for an allocated-but-idle workload over a window of `window_hours`.
